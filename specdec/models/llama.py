@@ -1,0 +1,123 @@
+"""The Llama family decoder (Llama, SmolLM2, Qwen2): RMSNorm, rotary embeddings, GQA attention,
+SwiGLU MLP, optional QKV bias.
+
+Weights arrive fused under our own names (see `param_shapes`): `qkv` is q|k|v stacked, `gate_up`
+is gate|up stacked. Q/K rows are in the rotate-half ("NeoX") layout for every architecture; the
+GGUF loader undoes llama.cpp's interleaving permutation for `llama` files. Every matrix product goes
+through `runner.attention.linear` / `runner.attention.paged_attention`, which keep each token's
+numerics independent of what else shares the forward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specdec.runner.attention import AttentionMetadata, linear, paged_attention
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+
+
+@dataclass
+class LlamaConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position: int
+    attention_bias: bool
+    tie_embeddings: bool
+
+    @property
+    def qkv_size(self) -> int:
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+
+def param_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter the model needs, by our name."""
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab_size, h), "norm": (h,)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head"] = (cfg.vocab_size, h)
+    for n in range(cfg.num_layers):
+        p = f"layers.{n}."
+        shapes[p + "input_norm"] = (h,)
+        shapes[p + "qkv"] = (cfg.qkv_size, h)
+        if cfg.attention_bias:
+            shapes[p + "qkv_bias"] = (cfg.qkv_size,)
+        shapes[p + "o"] = (h, cfg.num_heads * cfg.head_dim)
+        shapes[p + "post_norm"] = (h,)
+        shapes[p + "gate_up"] = (2 * i, h)
+        shapes[p + "down"] = (h, i)
+    return shapes
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # statistics in float32 whatever the activation dtype, like the reference implementations
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_tables(cfg: LlamaConfig, max_positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin per position, [max_positions, head_dim]: looked up, never recomputed per batch."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(device), emb.sin().to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [num_tokens, num_heads, head_dim]; cos/sin: [num_tokens, head_dim]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos[:, None, :] + rotated.float() * sin[:, None, :]).to(x.dtype)
+
+
+class LlamaModel:
+    """Stateless forward over flat token rows; the KV cache lives in the runner."""
+
+    def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], max_positions: int,
+                 device: torch.device) -> None:
+        missing = set(param_shapes(cfg)) - set(weights)
+        if missing:
+            raise ValueError(f"model weights missing: {sorted(missing)[:5]}")
+        self.cfg = cfg
+        self.w = weights
+        self.lm_head = weights["embed"] if cfg.tie_embeddings else weights["lm_head"]
+        self.dtype = weights["layers.0.qkv"].dtype
+        self.cos, self.sin = rope_tables(cfg, max_positions, device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """input_ids, positions: [num_rows] (num_rows padded to a multiple of 4).
+        Returns final-normed hidden states [num_rows, hidden_size]."""
+        cfg, w = self.cfg, self.w
+        nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        cos, sin = self.cos[positions], self.sin[positions]
+        h = w["embed"][input_ids].to(self.dtype)
+        for n in range(cfg.num_layers):
+            p = f"layers.{n}."
+            x = rms_norm(h, w[p + "input_norm"], cfg.rms_norm_eps)
+            qkv = linear(x, w[p + "qkv"], w.get(p + "qkv_bias"))
+            q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
+            q = apply_rope(q.reshape(-1, nh, d), cos, sin)
+            k = apply_rope(k.reshape(-1, nkv, d), cos, sin)
+            attn = paged_attention(q, k, v.reshape(-1, nkv, d), kv_caches[n], meta)
+            h = h + linear(attn, w[p + "o"])
+            x = rms_norm(h, w[p + "post_norm"], cfg.rms_norm_eps)
+            gate, up = linear(x, w[p + "gate_up"]).chunk(2, dim=-1)
+            h = h + linear(F.silu(gate) * up, w[p + "down"])
+        return rms_norm(h, w["norm"], cfg.rms_norm_eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [num_rows, hidden_size] (a multiple of 4 rows) -> float32 logits [num_rows, vocab]."""
+        return linear(hidden, self.lm_head).float()

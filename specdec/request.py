@@ -1,0 +1,104 @@
+"""Request: one prompt's life in the engine, and RequestOutput: what the user gets back.
+
+A request's tokens are `prompt_token_ids + output_token_ids`; `num_computed_tokens` counts how many
+of them (plus speculative tokens) have K/V in the cache. The scheduler moves it toward
+`num_tokens + len(spec_token_ids)` each step.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from specdec.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.perf_counter)
+    output_token_ids: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.status.finished
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int
+    generated_tokens: int
+    seconds: float              # submission to last token
+    ttft_seconds: float         # submission to first token
+    tokens_per_second: float    # generated / seconds
+    decode_tokens_per_second: float  # (generated - 1) / (seconds - ttft)
+    precision: str
+
+    @classmethod
+    def from_request(cls, req: Request, precision: str) -> "RequestStats":
+        end = req.finish_time or time.perf_counter()
+        first = req.first_token_time or end
+        seconds = max(end - req.arrival_time, 1e-9)
+        ttft = first - req.arrival_time
+        n = len(req.output_token_ids)
+        decode_time = seconds - ttft
+        return cls(
+            prompt_tokens=req.num_prompt_tokens,
+            generated_tokens=n,
+            seconds=seconds,
+            ttft_seconds=ttft,
+            tokens_per_second=n / seconds,
+            decode_tokens_per_second=(n - 1) / decode_time if n > 1 and decode_time > 0 else 0.0,
+            precision=precision,
+        )
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None   # "stop" | "length" | "abort" | None while running
+    stats: RequestStats
+    logprobs: list[dict[int, float]] | None = None
+    delta_text: str = ""        # streaming: text new since the previous output

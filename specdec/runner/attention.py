@@ -1,0 +1,84 @@
+"""Batch-invariant building blocks: the linear layer and paged attention.
+
+A token's result must not depend on what else shares its forward. Measured on these CPUs, float32
+GEMM computes a row differently depending on the row count (regimes at 1, 2-3, 4-11 and >= 12 rows,
+plus a tail kernel for rows past a multiple of 4), and masked multi-query SDPA changes a row once
+there is more than one query row. So:
+  * float32 `linear` runs `W @ x.T` on blocks of exactly 4 or 8 rows (the 4-11 regime, no tail);
+    rows arrive padded to a multiple of 4. One 4-row block costs about what one row does.
+  * attention runs one query token at a time, unmasked, over exactly its own context; its G query
+    heads per KV head ride along as G query rows, so repeated K/V heads are never materialized.
+bfloat16 GEMM was row-invariant as it is, so it uses F.linear. tests/test_batch_invariance.py checks
+all of this bitwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ROW_ALIGN = 4
+_ROW_BLOCK = 8
+
+
+def pad_rows(n: int) -> int:
+    return -(-n // ROW_ALIGN) * ROW_ALIGN
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [num_rows, in] (num_rows % 4 == 0), weight: [out, in] -> [num_rows, out]."""
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        return F.linear(x, weight, bias)
+    num_rows = x.shape[0]
+    assert num_rows % ROW_ALIGN == 0, f"rows must be padded to a multiple of {ROW_ALIGN}, got {num_rows}"
+    out = torch.empty(num_rows, weight.shape[0], dtype=x.dtype, device=x.device)
+    for start in range(0, num_rows, _ROW_BLOCK):
+        block = x[start:start + _ROW_BLOCK]
+        out[start:start + block.shape[0]] = torch.mm(weight, block.t()).t()
+    if bias is not None:
+        out += bias
+    return out
+
+
+@dataclass
+class SeqAttention:
+    """One request's rows in the flat batch."""
+    row_start: int            # first row of the request's new tokens
+    num_new: int              # new tokens (queries) this step
+    start_position: int       # context length before the new tokens
+    context_slots: torch.Tensor  # [start_position + num_new] cache slot of every context token, in order
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_real_rows] where each new token's K/V goes
+    seqs: list[SeqAttention]
+    num_rows: int               # padded row count
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+    """q: [num_rows, num_heads, head_dim]; k, v: [num_rows, num_kv_heads, head_dim];
+    cache: (k_cache, v_cache), each [num_slots, num_kv_heads, head_dim].
+    Writes the new K/V into their slots, then attends causally. Returns [num_rows, num_heads * head_dim]
+    (padding rows are zero)."""
+    k_cache, v_cache = cache
+    num_real = meta.slot_mapping.shape[0]
+    k_cache.index_copy_(0, meta.slot_mapping, k[:num_real].to(k_cache.dtype))
+    v_cache.index_copy_(0, meta.slot_mapping, v[:num_real].to(v_cache.dtype))
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    out = torch.zeros(q.shape[0], num_heads * head_dim, dtype=q.dtype, device=q.device)
+    for seq in meta.seqs:
+        # [context, num_kv_heads, head_dim]: a prefix of it is exactly one token's context
+        keys = k_cache.index_select(0, seq.context_slots)
+        values = v_cache.index_select(0, seq.context_slots)
+        for i in range(seq.num_new):
+            row = seq.row_start + i
+            ctx = seq.start_position + i + 1
+            query = q[row].view(num_kv_heads, group, head_dim)
+            o = F.scaled_dot_product_attention(query, keys[:ctx].transpose(0, 1), values[:ctx].transpose(0, 1))
+            out[row] = o.reshape(-1)
+    return out

@@ -1,0 +1,81 @@
+"""ModelRunner: SchedulerOutput -> flat tensors -> one forward -> logits at the requested rows.
+
+Owns the model and its paged KV cache (one (k, v) pair per layer, each [num_blocks * block_size,
+num_kv_heads, head_dim]). Knows nothing about sampling or requests beyond their block tables.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specdec.core.outputs import ModelRunnerOutput, SchedulerOutput
+from specdec.models.llama import LlamaModel
+from specdec.runner.attention import AttentionMetadata, SeqAttention, pad_rows
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device,
+                 never_sample_ids: list[int] | None = None, vocab_limit: int | None = None) -> None:
+        cfg = model.cfg
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        shape = (num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
+        # zeros: pages are only touched (and counted) as slots are used
+        self.kv_caches = [(torch.zeros(shape, dtype=model.dtype, device=device),
+                           torch.zeros(shape, dtype=model.dtype, device=device)) for _ in range(cfg.num_layers)]
+        mask = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        if never_sample_ids:
+            mask[torch.tensor(never_sample_ids, dtype=torch.long)] = True
+        if vocab_limit is not None and vocab_limit < cfg.vocab_size:
+            mask[vocab_limit:] = True  # embedding rows past the tokenizer's vocabulary
+        self.never_sample = mask.to(device)
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        t0 = time.perf_counter()
+        for src, dst in sched.block_copies:
+            self._copy_block(src, dst)
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seqs: list[SeqAttention] = []
+        logit_rows: list[int] = []
+        cu = [0]
+        for chunk in sched.chunks:
+            n = len(chunk.token_ids)
+            start = chunk.start_position
+            table = torch.tensor(chunk.block_ids, dtype=torch.long)
+            pos = torch.arange(start + n)
+            ctx_slots = table[pos // bs] * bs + pos % bs
+            seqs.append(SeqAttention(len(ids), n, start, ctx_slots.to(self.device)))
+            slots.extend(ctx_slots[start:].tolist())
+            logit_rows.extend(range(len(ids) + n - chunk.num_logits, len(ids) + n))
+            ids.extend(chunk.token_ids)
+            positions.extend(range(start, start + n))
+            cu.append(cu[-1] + chunk.num_logits)
+        num_rows = pad_rows(len(ids))
+        pad = num_rows - len(ids)
+        input_ids = torch.tensor(ids + [0] * pad, dtype=torch.long, device=self.device)
+        pos_t = torch.tensor(positions + [0] * pad, dtype=torch.long, device=self.device)
+        meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=self.device), seqs, num_rows)
+        hidden = self.model.forward(input_ids, pos_t, meta, self.kv_caches)
+        logits = self.compute_logits(hidden, logit_rows)
+        return ModelRunnerOutput(logits=logits, cu_num_logits=cu, forward_seconds=time.perf_counter() - t0)
+
+    def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """Logits for the given rows of the hidden states, never-sample ids at -inf. [len(rows), vocab]"""
+        if not rows:
+            return torch.empty(0, self.model.cfg.vocab_size, device=self.device)
+        idx = rows + [rows[-1]] * (pad_rows(len(rows)) - len(rows))
+        selected = hidden[torch.tensor(idx, dtype=torch.long, device=self.device)]
+        logits = self.model.compute_logits(selected)[: len(rows)]
+        return logits.masked_fill_(self.never_sample, float("-inf"))
+
+    def _copy_block(self, src: int, dst: int) -> None:
+        bs = self.block_size
+        for k, v in self.kv_caches:
+            k[dst * bs:(dst + 1) * bs] = k[src * bs:(src + 1) * bs]
+            v[dst * bs:(dst + 1) * bs] = v[src * bs:(src + 1) * bs]

@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny random GGUF models (unit tests) and the real models, loaded once per session."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_gguf import write_tiny_gguf  # noqa: E402
+
+from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tiny_dir) -> Path:
+    return write_tiny_gguf(tiny_dir / "tiny-qwen2.gguf", arch="qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_dir) -> Path:
+    return write_tiny_gguf(tiny_dir / "tiny-llama.gguf", arch="llama", seed=1)
+
+
+def engine_config(model: str, **overrides) -> EngineConfig:
+    """An EngineConfig with small defaults suited to tests; overrides go to the right section."""
+    sections = {"model": {}, "cache": {"target_cache_blocks": 256}, "scheduler": {}}
+    owners = {"precision": "model", "max_model_len": "model", "block_size": "cache",
+              "target_cache_blocks": "cache", "enable_prefix_caching": "cache",
+              "max_num_batched_tokens": "scheduler", "max_batch_size": "scheduler",
+              "long_prefill_token_threshold": "scheduler"}
+    for k, v in overrides.items():
+        sections[owners[k]][k] = v
+    return EngineConfig(model=ModelConfig(model=model, **sections["model"]),
+                        cache=CacheConfig(**sections["cache"]),
+                        scheduler=SchedulerConfig(**sections["scheduler"]))
+
+
+@pytest.fixture(scope="session")
+def qwen05_loaded():
+    from specdec.models.loader import load_model
+    return load_model("qwen2.5-coder-0.5b-instruct", progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm_loaded():
+    from specdec.models.loader import load_model
+    return load_model("smollm2-135m-instruct", progress=False)

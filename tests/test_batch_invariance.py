@@ -1,0 +1,132 @@
+"""Batch invariance, bitwise: a token's result does not depend on what shares its forward.
+
+Per op (linear, attention, norm, logits) at row counts 1-16, 64 and 512 and at every row offset,
+then the whole model over ragged batches, chunk splits and decode, in each precision.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.core.outputs import ScheduledChunk, SchedulerOutput
+from specdec.models.llama import LlamaModel, rms_norm
+from specdec.models.loader import load_model
+from specdec.runner.attention import AttentionMetadata, SeqAttention, linear, paged_attention, pad_rows
+from specdec.runner.model_runner import ModelRunner
+
+ROW_COUNTS = list(range(1, 17)) + [64, 512]
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def padded(x: torch.Tensor) -> torch.Tensor:
+    rows = pad_rows(x.shape[0])
+    return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])]) if rows > x.shape[0] else x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("out_features,in_features", [(8960, 1536), (1536, 8960), (1152, 896), (151936 // 8, 896)])
+def test_linear_is_row_invariant(out_features, in_features, dtype):
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(out_features, in_features, generator=g) / in_features ** 0.5).to(dtype)
+    x = torch.randn(520, in_features, generator=g).to(dtype)
+    ref = linear(x[:512], w)
+    for m in ROW_COUNTS:
+        assert torch.equal(linear(padded(x[:m]), w)[:m], ref[:m]), f"{m} rows"
+    # the same row at every offset inside a row block
+    for offset in range(1, 9):
+        y = linear(padded(x[512 - offset:512 + 5]), w)
+        assert torch.equal(y[offset:offset + 5], linear(padded(x[512:517]), w)[:5]), f"offset {offset}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_is_row_invariant(dtype):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 1536, generator=g).to(dtype)
+    w = torch.rand(1536, generator=g).to(dtype)
+    ref = rms_norm(x, w, 1e-6)
+    for m in ROW_COUNTS:
+        assert torch.equal(rms_norm(x[:m], w, 1e-6), ref[:m])
+        assert torch.equal(rms_norm(x[512 - m:], w, 1e-6), ref[512 - m:])
+
+
+def _attention(q, k, v, caches, seqs_spec, num_kv_heads):
+    """seqs_spec: list of (token rows in q, start_position, slots of the whole context)."""
+    rows, seqs, slot_map = [], [], []
+    for idx, start, ctx_slots in seqs_spec:
+        seqs.append(SeqAttention(len(rows), len(idx), start, ctx_slots))
+        slot_map += ctx_slots[start:].tolist()
+        rows += idx
+    n = pad_rows(len(rows))
+    sel = torch.tensor(rows + [rows[0]] * (n - len(rows)))
+    meta = AttentionMetadata(torch.tensor(slot_map), seqs, n)
+    return paged_attention(q[sel], k[sel], v[sel], caches, meta)[: len(rows)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_same_for_prefill_chunks_decode_and_batch(dtype):
+    g = torch.Generator().manual_seed(2)
+    heads, kv_heads, d, length = 12, 2, 128, 70
+    q = torch.randn(length, heads, d, generator=g).to(dtype)
+    k = torch.randn(length, kv_heads, d, generator=g).to(dtype)
+    v = torch.randn(length, kv_heads, d, generator=g).to(dtype)
+    slots = torch.randperm(256, generator=g)[:length]  # scattered, like real block tables
+
+    def fresh():
+        return (torch.zeros(256 + 64, kv_heads, d, dtype=dtype), torch.zeros(256 + 64, kv_heads, d, dtype=dtype))
+
+    full = _attention(q, k, v, fresh(), [(list(range(length)), 0, slots)], kv_heads)
+    # chunked prefill at ragged splits
+    caches = fresh()
+    start, outs = 0, []
+    for size in (1, 7, 16, 5, 41):
+        outs.append(_attention(q, k, v, caches, [(list(range(start, start + size)), start, slots[:start + size])], kv_heads))
+        start += size
+    assert torch.equal(torch.cat(outs), full)
+    # token-by-token decode, each step batched with an unrelated sequence
+    caches = fresh()
+    other = torch.arange(256, 256 + 64)
+    for pos in range(length):
+        out = _attention(q, k, v, caches, [(list(range(pos % 5)), 0, other[: pos % 5]),
+                                           ([pos], pos, slots[:pos + 1])], kv_heads)
+        assert torch.equal(out[-1], full[pos]), f"position {pos}"
+
+
+def _runner(path, dtype_name, blocks=64, block_size=4):
+    loaded = load_model(str(path), dtype_name, progress=False)
+    model = LlamaModel(loaded.config, loaded.weights, 256, torch.device("cpu"))
+    return ModelRunner(model, blocks, block_size, torch.device("cpu"))
+
+
+def _logits(runner, chunks):
+    return runner.execute(SchedulerOutput(chunks=chunks, num_batched_tokens=sum(len(c.token_ids) for c in chunks))).logits
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", ["tiny_qwen", "tiny_llama"])
+def test_model_logits_bitwise_across_batching(arch, precision, request):
+    runner = _runner(request.getfixturevalue(arch), precision)
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 260, (37,), generator=g).tolist()
+    table = list(range(10))  # 10 blocks x 4 slots
+    ref = _logits(runner, [ScheduledChunk("a", tokens, 0, table, len(tokens))])
+
+    # chunked prefill, then decode one token at a time, with other requests in the batch
+    other_table = list(range(20, 40))
+    other = torch.randint(0, 260, (60,), generator=g).tolist()
+    got, start, o = [], 0, 0
+    for size in (3, 1, 12, 8, 1, 1, 1, 5, 1, 4):
+        chunks = [ScheduledChunk("b", other[o:o + size + 1], o, other_table, 1),
+                  ScheduledChunk("a", tokens[start:start + size], start, table, size)]
+        got.append(_logits(runner, chunks)[1:])
+        start, o = start + size, o + size + 1
+    assert start == len(tokens)
+    assert torch.equal(torch.cat(got), ref)
+
+
+def test_runner_recompute_is_bitwise(tiny_qwen):
+    """Recomputing a prefix (preemption, prefix-cache miss) writes identical K/V and logits."""
+    runner = _runner(tiny_qwen, "float32")
+    tokens = list(range(3, 30))
+    first = _logits(runner, [ScheduledChunk("a", tokens, 0, list(range(8)), len(tokens))])
+    again = _logits(runner, [ScheduledChunk("a", tokens, 0, list(range(30, 38)), len(tokens))])
+    assert torch.equal(first, again)

@@ -1,0 +1,158 @@
+"""Engine behaviour on a tiny random model: batching, prefix caching, chunked prefill, preemption,
+stop conditions, streaming, seeds, aborts and bad requests."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import engine_config
+from specdec.engine import LLMEngine
+from specdec.llm import LLM
+from specdec.sampling_params import SamplingParams
+
+PROMPTS = ["hello there", "the cat sat on the mat and then it sat again", "a",
+           "in the beginning " * 6, "xyz 123"]
+
+
+def make_llm(path, **overrides) -> LLM:
+    return LLM(config=engine_config(str(path), **overrides), progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_qwen):
+    return make_llm(tiny_qwen)
+
+
+def ids(outs):
+    return [o.token_ids for o in outs]
+
+
+def test_batched_equals_one_by_one(tiny):
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    assert ids(tiny.generate(PROMPTS, params, batch=True)) == ids(tiny.generate(PROMPTS, params, batch=False))
+
+
+@pytest.mark.parametrize("overrides", [
+    {"enable_prefix_caching": False},
+    {"max_num_batched_tokens": 7},                  # chunked prefill, small budget
+    {"long_prefill_token_threshold": 3},
+    {"block_size": 1}, {"block_size": 32},
+    {"max_batch_size": 1},
+])
+def test_scheduling_knobs_do_not_change_tokens(tiny, tiny_qwen, overrides):
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    ref = ids(tiny.generate(PROMPTS, params))
+    other = make_llm(tiny_qwen, **overrides)
+    assert ids(other.generate(PROMPTS, params)) == ref
+
+
+def test_prefix_cache_hits_and_gives_same_tokens(tiny_qwen):
+    llm = make_llm(tiny_qwen, block_size=4)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    prompt = "in the beginning was the word and the word was"
+    first = llm.generate([prompt], params)[0]
+    kv = llm.engine.kv
+    assert kv.find_cached_prefix(llm.tokenizer.encode(prompt)), "finished request left no cached blocks"
+    second = llm.generate([prompt], params)[0]
+    assert second.token_ids == first.token_ids
+    assert kv.num_free_blocks() == kv.num_blocks
+
+
+def test_preemption_keeps_outputs(tiny_qwen):
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    ref = ids(make_llm(tiny_qwen).generate(PROMPTS, params))
+    small = make_llm(tiny_qwen, block_size=4, target_cache_blocks=30)
+    assert ids(small.generate(PROMPTS, params)) == ref
+    assert small.engine.scheduler.num_preemptions > 0
+    assert small.engine.kv.num_free_blocks() == 30
+
+
+def test_blocks_all_free_after_finish_and_abort(tiny):
+    eng: LLMEngine = tiny.engine
+    eng.add_request("hello there", SamplingParams(max_tokens=50, ignore_eos=True), request_id="x")
+    eng.add_request("another one", SamplingParams(max_tokens=3, ignore_eos=True), request_id="y")
+    for _ in range(4):
+        eng.step()
+    eng.abort("x")
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.kv.num_free_blocks() == eng.kv.num_blocks
+    assert all(r == 0 for r in eng.kv.pool.ref_cnt)
+
+
+def test_max_tokens_and_stop_token_ids(tiny):
+    out = tiny.generate(["hello"], SamplingParams(max_tokens=5, ignore_eos=True))[0]
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+    free = tiny.generate(["hello"], SamplingParams(max_tokens=30, ignore_eos=True))[0]
+    stop_id = free.token_ids[7]
+    cut = tiny.generate(["hello"], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=[stop_id]))[0]
+    first = free.token_ids.index(stop_id)
+    assert cut.finish_reason == "stop" and cut.token_ids == free.token_ids[: first + 1]
+
+
+def test_stop_string_cuts_text_exactly(tiny):
+    free = tiny.generate(["the"], SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    text = free.text
+    stop = text[10:13]
+    if not stop.strip():
+        pytest.skip("degenerate random text")
+    out = tiny.generate(["the"], SamplingParams(max_tokens=40, ignore_eos=True, stop=[stop]))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == text[: text.find(stop)]
+    assert len(out.token_ids) <= len(free.token_ids)
+
+
+def test_stream_withholds_possible_stop_prefix(tiny):
+    free = tiny.generate(["the"], SamplingParams(max_tokens=30, ignore_eos=True))[0]
+    stop = free.text[12:16] + "\u2603"  # starts like the text, never completes
+    pieces = list(tiny.stream("the", SamplingParams(max_tokens=30, ignore_eos=True, stop=[stop])))
+    assert "".join(p.delta_text for p in pieces) == free.text
+    assert pieces[-1].finished
+    for p in pieces[:-1]:
+        assert not p.text.endswith(stop[:4]), "a possible stop prefix was shown early"
+
+
+def test_seeded_sampling_reproducible_and_varied(tiny):
+    p = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=7, ignore_eos=True)
+    a = tiny.generate(["hello"] * 3, p)
+    b = tiny.generate(["hello"], p, batch=False)
+    assert a[0].token_ids == a[1].token_ids == b[0].token_ids
+    c = tiny.generate(["hello"], SamplingParams(temperature=1.0, max_tokens=16, seed=8, ignore_eos=True))[0]
+    assert c.token_ids != a[0].token_ids
+
+
+def test_never_samples_unused_tokens(tiny):
+    out = tiny.generate(["x"] * 4, SamplingParams(temperature=2.0, max_tokens=64, ignore_eos=True, seed=1))
+    bad = set(tiny.tokenizer.never_sample_ids)
+    assert bad and not any(t in bad for o in out for t in o.token_ids)
+
+
+def test_logprobs(tiny):
+    out = tiny.generate(["hello"], SamplingParams(max_tokens=4, logprobs=3, ignore_eos=True))[0]
+    assert len(out.logprobs) == 4
+    for tok, lp in zip(out.token_ids, out.logprobs):
+        assert tok in lp and len(lp) == 3  # greedy token is the top one
+        assert max(lp.values()) == lp[tok] <= 0.0
+
+
+def test_bad_requests_are_refused_cleanly(tiny_qwen):
+    llm = make_llm(tiny_qwen, max_model_len=64, target_cache_blocks=8, block_size=4)
+    eng = llm.engine
+    with pytest.raises(ValueError, match="context"):
+        eng.add_request("word " * 100)
+    with pytest.raises(ValueError, match="KV blocks"):
+        eng.add_request("hi", SamplingParams(max_tokens=60))
+    with pytest.raises(ValueError, match="vocabulary"):
+        eng.add_request([1, 2, 10**6])
+    with pytest.raises(ValueError, match="empty"):
+        eng.add_request([])
+    assert not eng.has_unfinished() and not eng.requests
+    assert llm.generate(["ok"], SamplingParams(max_tokens=3))[0].token_ids
+
+
+def test_stats_are_consistent(tiny):
+    out = tiny.generate(["hello"], SamplingParams(max_tokens=8, ignore_eos=True))[0]
+    s = out.stats
+    assert s.generated_tokens == 8 and s.prompt_tokens == len(out.prompt_token_ids)
+    assert 0 < s.ttft_seconds <= s.seconds
+    assert s.tokens_per_second == pytest.approx(8 / s.seconds)
+    assert s.precision == "float32"

@@ -1,0 +1,97 @@
+"""Tiny random-weight GGUF files for unit tests: the whole loading path, in a few hundred KB."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _byte_tokens() -> list[str]:
+    # GPT-2's bytes_to_unicode: each byte as one printable character
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: int = 2, hidden: int = 64,
+                    num_heads: int = 4, num_kv_heads: int = 2, intermediate: int = 128, context: int = 512,
+                    quantized: bool = True) -> Path:
+    """A random model of the given architecture with a byte-level BPE vocabulary (256 bytes, a few
+    merges, 3 control tokens, 2 unused rows). Weights are scaled so logits are well spread."""
+    rng = np.random.default_rng(seed)
+    tokens = _byte_tokens()
+    merges = ["Ġ t", "Ġ a", "h e", "i n", "Ġt he"]
+    tokens += [a + b for a, b in (m.split(" ") for m in merges)]
+    types = [1] * len(tokens)
+    tokens += SPECIALS
+    types += [3] * len(SPECIALS)
+    tokens += ["[PAD0]", "[PAD1]"]
+    types += [5, 5]
+    vocab = len(tokens)
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_block_count(num_layers)
+    w.add_context_length(context)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(intermediate)
+    w.add_head_count(num_heads)
+    w.add_head_count_kv(num_kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_bos_token_id(tokens.index("<|endoftext|>"))
+    w.add_pad_token_id(tokens.index("<|endoftext|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    head_dim = hidden // num_heads
+
+    def add(name: str, shape: tuple[int, ...], scale: float, quant: bool = True) -> None:
+        arr = (rng.standard_normal(shape) * scale).astype(np.float32)
+        if quantized and quant and len(shape) == 2 and shape[1] % 32 == 0:
+            q = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
+        else:
+            w.add_tensor(name, arr)
+
+    add("token_embd.weight", (vocab, hidden), 1.0)
+    add("output_norm.weight", (hidden,), 0.1)
+    add("output.weight", (vocab, hidden), hidden ** -0.5)
+    for n in range(num_layers):
+        b = f"blk.{n}."
+        add(b + "attn_norm.weight", (hidden,), 0.1)
+        add(b + "attn_q.weight", (num_heads * head_dim, hidden), hidden ** -0.5)
+        add(b + "attn_k.weight", (num_kv_heads * head_dim, hidden), hidden ** -0.5)
+        add(b + "attn_v.weight", (num_kv_heads * head_dim, hidden), hidden ** -0.5, quant=False)
+        if arch == "qwen2":
+            add(b + "attn_q.bias", (num_heads * head_dim,), 0.1)
+            add(b + "attn_k.bias", (num_kv_heads * head_dim,), 0.1)
+            add(b + "attn_v.bias", (num_kv_heads * head_dim,), 0.1)
+        add(b + "attn_output.weight", (hidden, num_heads * head_dim), hidden ** -0.5)
+        add(b + "ffn_norm.weight", (hidden,), 0.1)
+        add(b + "ffn_gate.weight", (intermediate, hidden), hidden ** -0.5)
+        add(b + "ffn_up.weight", (intermediate, hidden), hidden ** -0.5)
+        add(b + "ffn_down.weight", (hidden, intermediate), intermediate ** -0.5)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
