@@ -113,6 +113,12 @@ def cmd_models(a: argparse.Namespace) -> int:
         raise ValueError("name a model to pull (or --all)")
     for name in names:
         path = registry.pull(name)
+        if a.prepare:
+            from specdec.models.loader import load_model
+            for precision in a.prepare:  # dequantize now, so the first generation starts at once
+                loaded = load_model(name, precision)
+                print(f"{name}: {precision} weights ready ({'cached' if loaded.cache_hit else 'built'} in "
+                      f"{loaded.load_seconds:.1f}s)", file=sys.stderr)
         print(f"{name}: {path}", file=sys.stderr)
     return 0
 
@@ -143,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     pull = msub.add_parser("pull")
     pull.add_argument("names", nargs="*")
     pull.add_argument("--all", action="store_true")
+    pull.add_argument("--prepare", action="append", choices=PRECISIONS, default=[],
+                      help="also build the dequantized-weight cache for this precision (repeatable)")
     m.set_defaults(func=cmd_models)
 
     b = sub.add_parser("bench", help="benchmark plain greedy decoding (JSON)")

@@ -33,8 +33,8 @@ class LLM:
         self.engine = LLMEngine(config, progress=progress, loaded=loaded)
         self.tokenizer = self.engine.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 batch: bool = True) -> list[RequestOutput]:
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None, batch: bool = True) -> list[RequestOutput]:
         """Generate for each prompt; outputs in input order.
 
         batch=True submits every prompt at once (continuous batching); batch=False runs them one

@@ -4,6 +4,12 @@ Loading transformers' tokenizer from a GGUF takes ~30 s for Qwen, so its answers
 computed once and kept in pytest's cache (keyed by file size/mtime, transformers version and corpus); run with
 `--cache-clear` to ask the oracle again. Our own tokenizer is always built cold into a fresh tmp cache dir.
 Tests needing a model file skip, saying which, when it is absent. Run with -s to see the load times.
+
+One known, deliberate divergence: for SmolLM2 (tokenizer.ggml.pre = "smollm") we split every digit off before the
+GPT-2 split, as SmolLM2's own tokenizer.json (Digits(individual_digits=True) + ByteLevel) and llama.cpp do.
+transformers' GGUF converter has no "smollm" entry and skips that step, which changes the ids wherever whitespace
+precedes a digit (indented numbers in code: "\n    1" -> ours "\n····" "1", transformers "\n···" "·1"). The SmolLM2
+reference ids are therefore transformers' ids for each digit-split piece, i.e. that same split done up front.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import specdec.models.tokenizer as tokmod
 from specdec.models.gguf_loader import ModelFileError
 from specdec.models.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -42,6 +49,8 @@ CORPUS = [
     "call <tool_call>{\"name\": \"f\"}</tool_call> done",
     unicodedata.normalize("NFD", "café naïve"),
     "1234567890123456789012345678901234567890 3.14159 0xDEADBEEF 1e-10",
+    "x = [\n    1,\n    22,\n]\nif a ==  3:\n\treturn 0\n",
+    "numerics ① ² Ⅻ ٣٤ ５ and 7",
     "   leading and trailing spaces   ",
     "\n\n  \t mixed whitespace \t\n",
     "It's they'LL we'Re don't I'M",
@@ -64,7 +73,32 @@ def _model(name: str) -> Path:
     return path
 
 
+def _is_digit(c: str) -> bool:
+    return unicodedata.category(c)[0] == "N"
+
+
+def _digit_pieces(text: str) -> list[str]:
+    """`text` cut before and after every numeric character (what the Digits pre-tokenizer does)."""
+    pieces, cur = [], ""
+    for c in text:
+        if _is_digit(c):
+            pieces += [cur, c] if cur else [c]
+            cur = ""
+        else:
+            cur += c
+    return pieces + [cur] if cur else pieces
+
+
+_ORACLES: dict[str, dict] = {}
+
+
 def _oracle(request: pytest.FixtureRequest, name: str) -> dict:
+    if name not in _ORACLES:
+        _ORACLES[name] = _ask_oracle(request, name)
+    return _ORACLES[name]
+
+
+def _ask_oracle(request: pytest.FixtureRequest, name: str) -> dict:
     """transformers' answers for CORPUS and CONVERSATIONS, from pytest's cache when still valid."""
     import transformers
 
@@ -81,10 +115,13 @@ def _oracle(request: pytest.FixtureRequest, name: str) -> dict:
     t0 = time.perf_counter()
     hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     print(f"\ntransformers GGUF tokenizer load ({name}): {time.perf_counter() - t0:.1f} s")
-    ids = [hf.encode(text) for text in CORPUS]
+    plain = [hf.encode(text) for text in CORPUS]
+    ids = [[i for piece in _digit_pieces(text) for i in hf.encode(piece)] for text in CORPUS] if name == "smollm2" \
+        else plain
     result = {
         "key": key,
         "ids": ids,
+        "ids_plain": plain,
         "decoded": [hf.decode(i) for i in ids],
         "decoded_skip": [hf.decode(i, skip_special_tokens=True) for i in ids],
         "chat": [hf.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in CONVERSATIONS],
@@ -139,8 +176,16 @@ def oracle(model_name: str, request: pytest.FixtureRequest) -> dict:
 # 1. ids, 2. round trip, 4. chat template -------------------------------------------------------------
 
 def test_ids_match_transformers(tok: Tokenizer, oracle: dict) -> None:
-    mismatches = [(text, tok.encode(text), want) for text, want in zip(CORPUS, oracle["ids"]) if tok.encode(text) != want]
-    assert not mismatches
+    got = [tok.encode(text) for text in CORPUS]
+    assert [(t, g, w) for t, g, w in zip(CORPUS, got, oracle["ids"]) if g != w] == []
+
+
+def test_smollm2_digit_split_is_the_only_divergence(request: pytest.FixtureRequest) -> None:
+    o = _oracle(request, "smollm2")
+    diverging = [text for text, ref, plain in zip(CORPUS, o["ids"], o["ids_plain"]) if ref != plain]
+    assert diverging  # the corpus does exercise it
+    for text in diverging:  # and only where whitespace precedes a digit
+        assert any(a.isspace() and _is_digit(b) for a, b in zip(text, text[1:])), text
 
 
 def test_decode_matches_transformers(tok: Tokenizer, oracle: dict) -> None:
@@ -229,19 +274,19 @@ def test_incremental_genuine_replacement_char_at_end(tok: Tokenizer) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
-def test_incremental_random_ids(smol: Tokenizer, data: st.DataObject) -> None:
+def test_incremental_random_ids(tok: Tokenizer, data: st.DataObject) -> None:
     # Arbitrary byte tokens (often invalid UTF-8), specials and words, fed in random chunk sizes.
-    pool = st.one_of(st.sampled_from(smol.encode("😀你é\ufffd")), st.integers(0, smol.vocab_size - 1))
+    pool = st.one_of(st.sampled_from(tok.encode("😀你é\ufffd") + tok.eos_token_ids), st.integers(0, tok.vocab_size - 1))
     ids = data.draw(st.lists(pool, max_size=24))
     skip = data.draw(st.booleans())
-    det, pos = IncrementalDetokenizer(smol, skip_special_tokens=skip), 0
+    det, pos = IncrementalDetokenizer(tok, skip_special_tokens=skip), 0
     while pos < len(ids):
         n = data.draw(st.integers(1, 4))
         det.add(ids[pos:pos + n])
         pos += n
-    full = smol.decode(ids, skip_special_tokens=skip)
-    if smol._ends_mid_char(ids, skip):
-        assert full.startswith(det.text)
+    full = tok.decode(ids, skip_special_tokens=skip)
+    if tok._ends_mid_char(ids, skip):  # held back: the unfinished character decodes as U+FFFD in the full text
+        assert full.startswith(det.text) and full.endswith("\ufffd")
     else:
         assert det.text == full
 
@@ -271,12 +316,22 @@ def test_incremental_random_text(smol: Tokenizer, text: str) -> None:
 
 # 6. cache ------------------------------------------------------------------------------------------
 
-def test_warm_load_from_cache(tok: Tokenizer, model_name: str, cache_root: Path) -> None:
-    t0 = time.perf_counter()
-    warm = Tokenizer.from_gguf(MODELS[model_name], cache_dir=cache_root / model_name)
-    elapsed = time.perf_counter() - t0
-    print(f"\n{model_name}: cold {_COLD.get(model_name, float('nan')):.2f} s, warm {elapsed:.3f} s")
-    assert elapsed < 1.0
+def test_warm_load_from_cache(tok: Tokenizer, model_name: str, cache_root: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_parsing(path: Path) -> None:
+        raise AssertionError("a warm load must not parse the GGUF")
+
+    monkeypatch.setattr(tokmod, "read_metadata", no_parsing)
+    walls, cpus = [], []
+    for _ in range(3):
+        t0, c0 = time.perf_counter(), time.process_time()
+        warm = Tokenizer.from_gguf(MODELS[model_name], cache_dir=cache_root / model_name)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    print(f"\n{model_name}: cold {_COLD.get(model_name, float('nan')):.2f} s, "
+          f"warm {min(walls):.3f} s wall / {min(cpus):.3f} s CPU (best of 3)")
+    # CPU time, not wall time: the CI machine has 2 cores, often shared, and the work is what we bound.
+    assert min(cpus) < 1.0
     assert sorted(p.name for p in (cache_root / model_name).iterdir()) == ["tokenizer.json", "tokenizer_meta.json"]
     assert _info(warm) == _info(tok)
     for text in CORPUS:

@@ -27,7 +27,7 @@ def _byte_tokens() -> list[str]:
 
 def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: int = 2, hidden: int = 64,
                     num_heads: int = 4, num_kv_heads: int = 2, intermediate: int = 128, context: int = 512,
-                    quantized: bool = True) -> Path:
+                    quantized: bool = True, unsupported_tensor: str | None = None) -> Path:
     """A random model of the given architecture with a byte-level BPE vocabulary (256 bytes, a few
     merges, 3 control tokens, 2 unused rows). Weights are scaled so logits are well spread."""
     rng = np.random.default_rng(seed)
@@ -66,7 +66,10 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
 
     def add(name: str, shape: tuple[int, ...], scale: float, quant: bool = True) -> None:
         arr = (rng.standard_normal(shape) * scale).astype(np.float32)
-        if quantized and quant and len(shape) == 2 and shape[1] % 32 == 0:
+        if name == unsupported_tensor:  # a type the loader does not handle: IQ4_NL, 18 bytes per 32 values
+            raw = np.zeros((shape[0], shape[1] // 32 * 18), dtype=np.uint8)
+            w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
+        elif quantized and quant and len(shape) == 2 and shape[1] % 32 == 0:
             q = gguf.GGMLQuantizationType.Q8_0
             w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
         else:

@@ -25,10 +25,9 @@ def peak_rss_gib() -> float:
 
 def _transformers_arm(model_path: Path, max_tokens: int):  # pragma: no cover - optional peer
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(model_path.parent, gguf_file=model_path.name)
     model = AutoModelForCausalLM.from_pretrained(model_path.parent, gguf_file=model_path.name,
                                                  torch_dtype=torch.float32)
     load = time.perf_counter() - t0
@@ -84,7 +83,8 @@ def run_decode_bench(a) -> dict:
                "specdec_ttft_seconds": median("specdec", "ttft_seconds")}
     if peer is not None:
         summary["transformers_tokens_per_second"] = median("transformers", "tokens_per_second")
-        summary["speedup_vs_transformers"] = summary["specdec_tokens_per_second"] / summary["transformers_tokens_per_second"]
+        summary["speedup_vs_transformers"] = (summary["specdec_tokens_per_second"]
+                                              / summary["transformers_tokens_per_second"])
         summary["transformers_load_seconds"] = peer_load
     report = {
         "model": llm.engine.loaded.name, "precision": a.precision, "device": a.device,

@@ -2,7 +2,6 @@
 hyperparameters, dense weights in the requested precision, and the tokenizer."""
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass

@@ -1,8 +1,8 @@
 """Text <-> token ids for the models we serve, built from a GGUF file or a Hugging Face tokenizer folder.
 
 Contract:
-- `Tokenizer.from_gguf` reads only the metadata section of a GGUF (tokenizer.ggml.* keys and the chat template)
-  and builds a byte-level BPE with the `tokenizers` library. It gives the same ids as transformers' GGUF
+- `Tokenizer.from_gguf` reads only the header of a GGUF (metadata, and the tensor table to spot truncation) and
+  builds a byte-level BPE with the `tokenizers` library. It gives the same ids as transformers' GGUF
   tokenizer: no Unicode normalization (the GGUF carries none; llama.cpp applies none either), control tokens
   (type 3) as special added tokens, user-defined ones (type 4) as plain added tokens. A missing, truncated or
   unsupported file raises `ModelFileError`. With `cache_dir`, a warm load reads cache_dir/tokenizer.json and
@@ -19,22 +19,17 @@ from __future__ import annotations
 
 import codecs
 import json
-import math
-import mmap
-import os
-import struct
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import gguf
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _RustTokenizer
 
-from specdec.models.gguf_loader import ModelFileError
+from specdec.models.gguf_loader import ModelFileError, read_metadata
+from specdec.models.weight_cache import atomic_write_text
 
 _CACHE_FORMAT = 1
 _TYPE_UNUSED, _TYPE_CONTROL, _TYPE_USER = 5, 3, 4
@@ -54,8 +49,8 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     if pre == "smollm":
-        # SmolLM2's own tokenizer.json: every digit alone, then the GPT-2 split. (transformers' GGUF path drops the
-        # digit split, which gives the same ids only because the vocabulary has no multi-digit tokens.)
+        # As SmolLM2's own tokenizer.json and llama.cpp: every digit alone, then the GPT-2 split. transformers' GGUF
+        # path skips the digit split, so it differs where whitespace precedes a digit ("\n    1" in code).
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     if pre in ("gpt-2", "default"):
@@ -75,68 +70,6 @@ _BYTE_OF = {c: b for b, c in _bytes_to_unicode().items()}
 # --- GGUF metadata ---------------------------------------------------------------------------------
 # gguf.GGUFReader builds numpy views for every vocabulary string (~20 s for Qwen's 151936 tokens + 151387
 # merges), so the metadata section is walked here directly; it takes a fraction of a second.
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_QUANT_SIZES = {int(t): v for t, v in gguf.GGML_QUANT_SIZES.items()}  # ggml type -> (block elements, block bytes)
-
-
-def _read_value(buf: mmap.mmap, pos: int, vtype: int) -> tuple[Any, int]:
-    if vtype in _SCALAR:
-        return struct.unpack_from(_SCALAR[vtype], buf, pos)[0], pos + struct.calcsize(_SCALAR[vtype])
-    if vtype == 8:
-        (n,) = struct.unpack_from("<Q", buf, pos)
-        if pos + 8 + n > len(buf):  # checked first: a corrupt length must not become a huge allocation
-            raise ValueError("string runs past the end of the file")
-        return buf[pos + 8:pos + 8 + n].decode("utf-8"), pos + 8 + n
-    if vtype == 9:
-        etype, count = struct.unpack_from("<IQ", buf, pos)
-        pos += 12
-        if etype in _SCALAR:  # fixed width (token_type): one bulk unpack
-            end = pos + count * struct.calcsize(_SCALAR[etype])
-            if end > len(buf):
-                raise ValueError("array runs past the end of the file")
-            return list(struct.unpack_from(f"<{count}{_SCALAR[etype][1]}", buf, pos)), end
-        out = []
-        for _ in range(count):
-            v, pos = _read_value(buf, pos, etype)
-            out.append(v)
-        return out, pos
-    raise ValueError(f"unknown GGUF value type {vtype}")
-
-
-def _read_gguf_metadata(path: Path) -> dict[str, Any]:
-    """All metadata key/values. Also checks that the tensor data fits in the file, so a truncated file is refused
-    here rather than later by the weight loader."""
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            if buf[:4] != b"GGUF":
-                raise ValueError("bad magic (not a GGUF file)")
-            version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-            if version < 2:
-                raise ValueError(f"GGUF version {version} is not supported")
-            pos, meta = 24, {}
-            for _ in range(n_kv):
-                key, pos = _read_value(buf, pos, 8)
-                (vtype,) = struct.unpack_from("<I", buf, pos)
-                meta[key], pos = _read_value(buf, pos + 4, vtype)
-            data_end = 0
-            for _ in range(n_tensors):
-                _, pos = _read_value(buf, pos, 8)
-                (n_dims,) = struct.unpack_from("<I", buf, pos)
-                dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
-                ttype, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
-                pos += 16 + 8 * n_dims
-                block, nbytes = _QUANT_SIZES.get(ttype, (1, 0))  # a type unknown to gguf: its size is not checked
-                data_end = max(data_end, offset + math.prod(dims) // block * nbytes)
-            align = int(meta.get("general.alignment", 32))
-            if n_tensors and -(-pos // align) * align + data_end > len(buf):
-                raise ValueError("tensor data runs past the end of the file")
-            return meta
-    except FileNotFoundError as e:
-        raise ModelFileError(f"model file not found: {path}") from e
-    except (ValueError, struct.error, OSError, OverflowError, MemoryError) as e:  # UnicodeDecodeError is a ValueError
-        raise ModelFileError(f"{path} is not a readable GGUF file (truncated or corrupt?): {e}") from e
-
-
 def _build_from_meta(meta: dict[str, Any]) -> tuple[_RustTokenizer, dict[str, Any]]:
     kind, pre_name = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
     if kind != "gpt2":
@@ -179,17 +112,6 @@ def _build_from_meta(meta: dict[str, Any]) -> tuple[_RustTokenizer, dict[str, An
     }
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)  # readers see the old file or the whole new one, never a partial write
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
@@ -227,11 +149,11 @@ class Tokenizer:
                         return cls(_RustTokenizer.from_file(str(tok_file)), info)
                 except Exception:  # an unreadable cache is only a slower load, never an error
                     pass
-        tok, info = _build_from_meta(_read_gguf_metadata(path))
+        tok, info = _build_from_meta(read_metadata(path))
         if cache_dir is not None:
             Path(cache_dir).mkdir(parents=True, exist_ok=True)
-            _atomic_write(tok_file, tok.to_str())
-            _atomic_write(meta_file, json.dumps({**info, "format": _CACHE_FORMAT, "source_size": size}))
+            atomic_write_text(tok_file, tok.to_str())
+            atomic_write_text(meta_file, json.dumps({**info, "format": _CACHE_FORMAT, "source_size": size}))
         return cls(tok, info)
 
     @classmethod

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import struct
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -61,10 +62,16 @@ def load_mmap(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Readers see the old file or the whole new one, never a partial write."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _memo_key(path: Path) -> str:

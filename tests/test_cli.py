@@ -1,0 +1,84 @@
+"""The CLI contract: JSON Lines on stdout, human lines on stderr, clear errors with non-zero exits."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specdec.cli import main
+
+STATS_KEYS = {"prompt_tokens", "generated_tokens", "seconds", "ttft_seconds", "tokens_per_second",
+              "decode_tokens_per_second", "precision"}
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_generate_json_lines_in_order(capsys, tiny_qwen, tmp_path):
+    pf = tmp_path / "p.jsonl"
+    pf.write_text('{"prompt": "hello", "domain": "x"}\n\n{"prompt": "the cat"}\n{"prompt": "a b c", "id": 3}\n')
+    for batch in ([], ["--batch"]):
+        code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--json", "--max-tokens", 5,
+                             "--ignore-eos", "--prompts-file", pf, *batch)
+        assert code == 0
+        lines = [json.loads(line) for line in out.splitlines()]
+        assert [x["prompt"] for x in lines] == ["hello", "the cat", "a b c"]
+        for x in lines:
+            assert set(x) >= {"prompt", "text", "token_ids", "finish_reason", "stats"}
+            assert set(x["stats"]) >= STATS_KEYS and x["stats"]["precision"] == "float32"
+            assert x["finish_reason"] == "length" and len(x["token_ids"]) == 5
+        assert "tokens/s" in err
+        if not batch:
+            first = [x["token_ids"] for x in lines]
+    assert [x["token_ids"] for x in lines] == first
+
+
+def test_generate_plain_text_and_chat(capsys, tiny_qwen):
+    code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--chat", "--max-tokens", 3, "hi")
+    assert code == 0 and "tokens/s" in err and "finish=" in err
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--temperature", "-1", "x"], "temperature"),
+    (["--top-p", "0", "x"], "top_p"),
+    (["--max-tokens", "0", "x"], "max_tokens"),
+    (["--max-model-len", "8", "a long prompt that does not fit in eight tokens at all"], "context"),
+    ([], "no prompt"),
+])
+def test_generate_bad_input(capsys, tiny_qwen, args, match):
+    code, out, err = run(capsys, "generate", "--model", tiny_qwen, *args)
+    assert code != 0 and match in err and out == "" and "Traceback" not in err
+
+
+def test_prompt_and_file_together_is_an_error(capsys, tiny_qwen, tmp_path):
+    pf = tmp_path / "p.jsonl"
+    pf.write_text('{"prompt": "x"}\n')
+    code, _, err = run(capsys, "generate", "--model", tiny_qwen, "--prompts-file", pf, "also this")
+    assert code != 0 and "not both" in err
+
+
+def test_missing_and_corrupt_models(capsys, tmp_path):
+    code, _, err = run(capsys, "generate", "--model", tmp_path / "nope.gguf", "x")
+    assert code != 0 and "no such model" in err
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 100)
+    code, _, err = run(capsys, "generate", "--model", bad, "x")
+    assert code != 0 and "GGUF" in err
+
+
+def test_models_list(capsys):
+    code, out, _ = run(capsys, "models", "list")
+    assert code == 0 and "qwen2.5-coder-1.5b-instruct" in out and "smollm2-135m-instruct" in out
+
+
+def test_entry_point_exit_code(tmp_path):
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "--model", str(tmp_path / "x.gguf"), "hi"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and r.stdout == "" and "error:" in r.stderr
