@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.stamp-install
 MODELS := qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct smollm2-135m-instruct
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup models run test bench clean-venv
+.PHONY: setup models run test bench lines clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ models: $(STAMP)
 setup: $(STAMP) models
 
 run: setup
-	$(BIN)/specdec generate --chat "$(PROMPT)"
+	$(BIN)/specdec generate --chat --compare-plain "$(PROMPT)"
 
 test: setup
 	$(BIN)/python -m pytest -q
@@ -35,3 +35,7 @@ bench: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+lines:
+	@for d in specdec specdec/core specdec/models specdec/runner specdec/sample specdec/spec specdec/server specdec/bench tests; do \
+	  printf '| %-16s | %5s |\n' $$d $$(cat $$d/*.py 2>/dev/null | wc -l); done

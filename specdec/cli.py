@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from specdec.config import DEFAULT_TARGET, PRECISIONS
+from specdec.config import DEFAULT_TARGET, PRECISIONS, SPEC_POLICIES
 from specdec.sampling_params import SamplingParams
 
 
@@ -63,10 +63,57 @@ def read_prompts_file(path: str) -> list[str]:
     return prompts
 
 
-def _make_llm(a: argparse.Namespace):
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--draft", help="draft model (registry name or path) for draft-model speculation")
+    g.add_argument("--spec", choices=["ngram", "draft_model"], help="speculation method")
+    g.add_argument("--no-spec", action="store_true", help="plain decoding (k = 0 throughout)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4,
+                   help="k for the fixed policy, the maximum k otherwise")
+    p.add_argument("--spec-policy", choices=SPEC_POLICIES, default="cost_model")
+    p.add_argument("--spec-deterministic", action="store_true",
+                   help="cost model decides from acceptance counts alone (a seed then fixes the text)")
+
+
+def speculative_config(a: argparse.Namespace):
+    """The SpeculativeConfig the flags ask for; with no flag, the registry's default draft for a
+    registry target, otherwise n-gram lookup. Says which on stderr."""
+    from specdec.config import SpeculativeConfig
+    from specdec.spec.factory import default_draft
+    if a.no_spec:
+        print("speculation: off (plain decoding)", file=sys.stderr)
+        return None
+    method, draft = a.spec, a.draft
+    if draft:
+        method = "draft_model"
+    elif method is None:
+        draft = default_draft(a.model)
+        method = "draft_model" if draft else "ngram"
+    elif method == "draft_model":
+        draft = default_draft(a.model)
+        if draft is None:
+            raise ValueError(f"{a.model} has no default draft model; name one with --draft")
+    cfg = SpeculativeConfig(method=method, draft_model=draft, num_speculative_tokens=a.num_speculative_tokens,
+                            policy=a.spec_policy, deterministic=a.spec_deterministic)
+    what = f"draft model {draft}" if method == "draft_model" else "n-gram prompt lookup"
+    print(f"speculation: {what}, k={cfg.num_speculative_tokens}, policy={cfg.policy}", file=sys.stderr)
+    return cfg
+
+
+def _make_llm(a: argparse.Namespace, speculative=None, loaded=None, draft_loaded=None):
     from specdec.llm import LLM
     return LLM(model=a.model, precision=a.precision, device=a.device, max_model_len=a.max_model_len,
-               num_threads=a.threads)
+               num_threads=a.threads, speculative=speculative, loaded=loaded, draft_loaded=draft_loaded)
+
+
+def _stats_line(s) -> str:
+    line = (f"[{s.generated_tokens} tokens, {s.tokens_per_second:.2f} tokens/s, decode "
+            f"{s.decode_tokens_per_second:.2f} tokens/s, ttft {s.ttft_seconds:.2f}s, {s.precision}")
+    if s.method != "none":
+        rate = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.2f}"
+        line += (f", {s.method} {s.proposer}: acceptance {rate}, {s.mean_accepted_length:.2f} tokens/forward, "
+                 f"drafted {s.drafted_tokens}, accepted {s.accepted_tokens}")
+    return line
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -76,7 +123,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if not prompts:
         raise ValueError("no prompt given")
     params = _sampling_params(a)
-    llm = _make_llm(a)
+    llm = _make_llm(a, speculative_config(a))
     print(f"model {llm.engine.loaded.name} ({a.precision}, {a.device}) loaded in "
           f"{llm.engine.loaded.load_seconds:.1f}s", file=sys.stderr)
     inputs: list = prompts
@@ -84,6 +131,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
         inputs = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]),
                                        add_special_tokens=False) for p in prompts]
     outputs = llm.generate(inputs, params, batch=a.batch)
+    if a.compare_plain:
+        _compare_with_plain(a, llm, inputs, params, outputs)
     for prompt, out in zip(prompts, outputs):
         stats = dataclasses.asdict(out.stats)
         if a.json:
@@ -94,11 +143,25 @@ def cmd_generate(a: argparse.Namespace) -> int:
             print(json.dumps(line, ensure_ascii=False), flush=True)
         else:
             print(out.text, flush=True)
-        s = out.stats
-        print(f"[{s.generated_tokens} tokens, {s.tokens_per_second:.2f} tokens/s, decode "
-              f"{s.decode_tokens_per_second:.2f} tokens/s, ttft {s.ttft_seconds:.2f}s, {s.precision}, "
-              f"finish={out.finish_reason}]", file=sys.stderr)
+        print(_stats_line(out.stats) + f", finish={out.finish_reason}]", file=sys.stderr)
     return 0
+
+
+def _compare_with_plain(a, llm, inputs, params, outputs) -> None:
+    """Run the same prompts with plain decoding on the same weights and print the speedup."""
+    if llm.engine.proposer is None:
+        return
+    plain = _make_llm(a, None, loaded=llm.engine.loaded)
+    ref = plain.generate(inputs, params, batch=a.batch)
+    for out, base in zip(outputs, ref):
+        s, b = out.stats, base.stats
+        same = "identical to" if out.token_ids == base.token_ids else "differs from (sampling)"
+        print(f"plain decoding:       {b.generated_tokens} tokens, {b.tokens_per_second:.2f} tokens/s", file=sys.stderr)
+        rate = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.2f}"
+        print(f"speculative decoding: {s.generated_tokens} tokens, {s.tokens_per_second:.2f} tokens/s "
+              f"({s.method} {s.proposer}, acceptance {rate}, {s.mean_accepted_length:.2f} tokens/forward)",
+              file=sys.stderr)
+        print(f"speedup {s.tokens_per_second / b.tokens_per_second:.2f}x; output {same} plain", file=sys.stderr)
 
 
 def cmd_models(a: argparse.Namespace) -> int:
@@ -136,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text for prompts")
     _add_model_args(g)
     _add_sampling_args(g)
+    _add_spec_args(g)
+    g.add_argument("--compare-plain", action="store_true",
+                   help="also run plain decoding on the same prompts and print the speedup")
     g.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="JSON Lines on stdout, one per prompt")
     g.add_argument("--batch", action="store_true", help="submit all prompts at once (default: one after another)")

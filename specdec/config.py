@@ -66,11 +66,58 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold must be >= 0")
 
 
+SPEC_METHODS = ("draft_model", "ngram")
+SPEC_POLICIES = ("cost_model", "heuristic", "fixed")
+
+
+@dataclass
+class SpeculativeConfig:
+    """How to speculate. `num_speculative_tokens` is k for `fixed` and the maximum k otherwise."""
+    method: str = "draft_model"            # "draft_model" | "ngram"
+    draft_model: str | None = None         # registry name or path (draft_model method)
+    num_speculative_tokens: int = 4
+    policy: str = "cost_model"             # "cost_model" | "heuristic" | "fixed"
+    ngram_max: int = 4                     # prompt lookup: longest n-gram tried first
+    ngram_min: int = 1
+    acceptance_threshold: float = 0.4      # health check: rolling acceptance below this -> plain decoding
+    health_window: int = 8                 # drafting steps in the rolling window
+    reprobe_interval: int = 16             # plain steps between re-probes after a fallback
+    reprobe_k: int = 2
+    ema_alpha: float = 0.3                 # weight of the newest observation in acceptance/cost EMAs
+    deterministic: bool = False            # cost model decides from acceptance counts and static costs only
+    draft_cost_ratio: float = 0.4          # static t_draft / t_target (deterministic mode, and the prior)
+    verify_cost_slope: float = 0.05        # static extra cost of each scored token beyond one
+    plain_interval_after: int | None = None  # long-output guard: after this many tokens ...
+    plain_interval_steps: int = 0            # ... this many plain steps between speculation rounds
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"speculative method must be one of {SPEC_METHODS}, got {self.method!r}")
+        if self.policy not in SPEC_POLICIES:
+            raise ValueError(f"speculative policy must be one of {SPEC_POLICIES}, got {self.policy!r}")
+        if not 0 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be in [0, 16], got {self.num_speculative_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("need 1 <= ngram_min <= ngram_max")
+        if not 0.0 <= self.acceptance_threshold <= 1.0:
+            raise ValueError("acceptance_threshold must be in [0, 1]")
+        if not 0.0 < self.ema_alpha <= 1.0:
+            raise ValueError("ema_alpha must be in (0, 1]")
+        for name in ("health_window", "reprobe_interval", "reprobe_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.plain_interval_after is not None and self.plain_interval_after < 0:
+            raise ValueError("plain_interval_after must be >= 0")
+        if self.plain_interval_steps < 0:
+            raise ValueError("plain_interval_steps must be >= 0")
+
+
 @dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig | None = None  # None: plain decoding
 
 
 # YAML: execution_config keys -> (section, field)

@@ -1,33 +1,42 @@
-"""LLMEngine: add_request / abort / step over the scheduler, the model runner and the sampler.
+"""LLMEngine: add_request / abort / step over the scheduler, the proposer, the model runner and the
+rejection sampler.
 
-step() is the whole loop: schedule -> run the target -> sample -> update. Everything else here is
-bookkeeping of requests: detokenization, stop conditions, and outputs.
+step() is the whole loop: plan k -> schedule -> propose -> run the target -> rejection-sample ->
+update. Plain decoding is the same loop with k = 0 everywhere.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 
 import torch
 
 from specdec.config import EngineConfig
 from specdec.core.kv_cache_manager import KVCacheManager
-from specdec.core.outputs import ModelRunnerOutput, SchedulerOutput
+from specdec.core.outputs import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 from specdec.core.scheduler import Scheduler
+from specdec.metrics import EngineCounters
 from specdec.models.llama import LlamaModel
 from specdec.models.loader import LoadedModel, load_model
-from specdec.models.tokenizer import IncrementalDetokenizer
+from specdec.output_processor import OutputProcessor
 from specdec.request import Request, RequestOutput, RequestStats, RequestStatus
 from specdec.runner.model_runner import ModelRunner
 from specdec.sample.logits_processors import process_logits
-from specdec.sample.sampler import make_generator, sample_token, top_logprobs
+from specdec.sample.rejection_sampler import rejection_sample
+from specdec.sample.sampler import make_generator, random_inputs, top_logprobs
 from specdec.sampling_params import SamplingParams
+from specdec.spec.controller import SpecController
+from specdec.spec.proposer import DraftProposal, Proposer
+
+log = logging.getLogger("specdec")
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, progress: bool = True, loaded: LoadedModel | None = None) -> None:
+    def __init__(self, config: EngineConfig, progress: bool = True, loaded: LoadedModel | None = None,
+                 draft_loaded: LoadedModel | None = None) -> None:
         self.config = config
-        mc = config.model
+        mc, cc = config.model, config.cache
         if mc.num_threads:
             torch.set_num_threads(mc.num_threads)
         self.device = torch.device(mc.device)
@@ -35,22 +44,31 @@ class LLMEngine:
         cfg = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = min(mc.max_model_len or cfg.max_position, cfg.max_position)
-        model = LlamaModel(cfg, self.loaded.weights, self.max_model_len, self.device)
-        cc = config.cache
         self.kv = KVCacheManager(cc.target_cache_blocks, cc.block_size, cc.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, cc, self.kv, self.max_model_len)
-        self.runner = ModelRunner(model, cc.target_cache_blocks, cc.block_size, self.device,
+        self.runner = ModelRunner(LlamaModel(cfg, self.loaded.weights, self.max_model_len, self.device),
+                                  cc.target_cache_blocks, cc.block_size, self.device,
                                   self.tokenizer.never_sample_ids, self.tokenizer.vocab_size)
+        self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.counters = EngineCounters()
+        self.proposer: Proposer | None = None
+        self.controller: SpecController | None = None
+        if config.speculative is not None:
+            from specdec.spec.factory import build_proposer
+            self.proposer = build_proposer(config, self.loaded, draft_loaded, self.max_model_len, progress)
+            self.controller = SpecController(config.speculative)
         self.requests: dict[str, Request] = {}
-        self._detok: dict[str, IncrementalDetokenizer] = {}
-        self._emitted: dict[str, int] = {}
-        self._text_end: dict[str, int] = {}  # where a stop string cut the text
         self._generators: dict[str, torch.Generator] = {}
+        self._drafts: dict[str, DraftProposal] = {}
         self._ids = itertools.count()
 
     @property
     def precision(self) -> str:
         return self.config.model.precision
+
+    @property
+    def method(self) -> str:
+        return self.proposer.method if self.proposer else "none"
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -58,11 +76,10 @@ class LLMEngine:
         """Tokenize and queue a prompt. Raises ValueError (and queues nothing) on a bad request."""
         params = params or SamplingParams()
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-            text: str | None = prompt
+            ids, text = self.tokenizer.encode(prompt), prompt
         else:
             ids, text = list(prompt), None
-            bad = [t for t in ids if not 0 <= t < self.tokenizer.vocab_size]
+            bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.tokenizer.vocab_size)]
             if bad:
                 raise ValueError(f"token ids outside the vocabulary (0..{self.tokenizer.vocab_size - 1}): {bad[:5]}")
         request_id = request_id or f"req-{next(self._ids)}"
@@ -71,8 +88,7 @@ class LLMEngine:
         req = Request(request_id, text, ids, params)
         self.scheduler.add_request(req)  # validates length and KV-pool fit
         self.requests[request_id] = req
-        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
-        self._emitted[request_id] = 0
+        self.output_processor.add(req)
         self._generators[request_id] = make_generator(params.seed)
         return req
 
@@ -85,91 +101,172 @@ class LLMEngine:
 
     # ---- the loop -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self._plan_speculation()
         sched = self.scheduler.schedule()
+        for rid in sched.preempted_request_ids:
+            if self.proposer:
+                self.proposer.free(rid)
         if sched.is_empty:
             return []
+        self._propose(sched)
         out = self.runner.execute(sched)
         return self._update(sched, out)
 
+    def _plan_speculation(self) -> None:
+        if self.controller is None:
+            return
+        batch = len(self.scheduler.running)
+        for req in self.scheduler.running:
+            req.num_spec_tokens = 0
+            if req.num_computed_tokens != req.num_tokens - 1:
+                continue  # still prefilling
+            room = min(req.params.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens) - 1
+            if room > 0:
+                k = self.controller.next_k(req.request_id, len(req.output_token_ids), batch)
+                req.num_spec_tokens = min(k, room)
+
+    def _propose(self, sched: SchedulerOutput) -> None:
+        chunks = [c for c in sched.chunks if c.num_drafts]
+        if not chunks:
+            return
+        reqs = [self.requests[c.request_id] for c in chunks]
+        try:
+            proposals = self.proposer.propose(reqs, [c.num_drafts for c in chunks])
+        except Exception:  # a proposer failure costs speed, never a request
+            log.exception("proposer %s failed; speculation disabled for %d request(s)", self.proposer.name, len(reqs))
+            self.counters.proposer_errors += 1
+            for r in reqs:
+                self.controller.disable(r.request_id)
+                self.proposer.free(r.request_id)
+            proposals = [DraftProposal([]) for _ in reqs]
+        seconds = self.proposer.draft_seconds
+        for rows, forward_seconds in self.proposer.forward_costs:
+            self.controller.record_draft(rows, forward_seconds)
+        if not self.proposer.forward_costs:  # a model-free proposer: its wall time per draft step
+            self.controller.record_draft(len(reqs), seconds / max(c.num_drafts for c in chunks))
+        for chunk, req, prop in zip(chunks, reqs, proposals):
+            k = chunk.num_drafts
+            drafts = prop.token_ids[:k]
+            if len(drafts) < k:  # fewer drafts than scheduled slots: give the slots back
+                self.kv.rollback(req.request_id, k - len(drafts))
+                chunk.num_logits -= k - len(drafts)
+                sched.num_batched_tokens -= k - len(drafts)
+            chunk.token_ids.extend(drafts)
+            req.spec_token_ids = drafts
+            req.spec.draft_seconds += seconds
+            self._drafts[req.request_id] = DraftProposal(drafts, None if prop.probs is None else prop.probs[: len(drafts)])
+
     def _update(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
+        sampled = [(i, c) for i, c in enumerate(sched.chunks) if c.num_logits]
+        tokens, accepted = self._sample(sampled, out) if sampled else ([], [])
+        if self.controller is not None and sampled:
+            self.controller.record_verify(sched.num_batched_tokens, out.forward_seconds)
+        emitted = dict(zip((i for i, _ in sampled), zip(tokens, accepted)))
         outputs = []
         for i, chunk in enumerate(sched.chunks):
             req = self.requests[chunk.request_id]
             self.scheduler.advance(chunk, req)
-            if chunk.num_logits:
-                self._append_token(req, out.logits[out.cu_num_logits[i]])
+            if i in emitted:
+                new, num_accepted = emitted[i]
+                row0 = out.cu_num_logits[i]
+                self._accept(req, chunk, new, num_accepted, out.logits[row0:row0 + chunk.num_logits],
+                             out.forward_seconds)
             if not req.finished:
                 self.kv.commit(req.request_id, req.all_token_ids[: req.num_computed_tokens])
             if chunk.num_logits or req.finished:
-                outputs.append(self._output(req))
+                outputs.append(self.output_processor.output(req, self._stats(req)))
             if req.finished:
                 self._release(req.request_id)
         return outputs
 
-    def _append_token(self, req: Request, raw_logits: torch.Tensor) -> None:
-        p = req.params
-        processed = process_logits(raw_logits, p, req.prompt_token_ids, req.output_token_ids)
-        token = sample_token(processed, p, self._generators[req.request_id])
+    def _sample(self, sampled: list[tuple[int, ScheduledChunk]], out: ModelRunnerOutput
+                ) -> tuple[list[list[int]], list[int]]:
+        """Build the padded batch for rejection_sample: processed target logits at every scored
+        position (drafts before position j count as output for penalties), draft probabilities,
+        and each request's random draws."""
+        vocab = out.logits.shape[-1]
+        max_k = max(c.num_drafts for _, c in sampled)
+        n = len(sampled)
+        draft_ids = torch.full((n, max_k), -1, dtype=torch.long)
+        num_draft = torch.zeros(n, dtype=torch.long)
+        target = torch.zeros(n, max_k + 1, vocab)
+        draft_probs = torch.zeros(n, max_k, vocab) if max_k else None
+        greedy = torch.zeros(n, dtype=torch.bool)
+        uniforms = torch.zeros(n, max_k)
+        noise = torch.ones(n, max_k + 1, vocab)
+        for r, (i, chunk) in enumerate(sampled):
+            req = self.requests[chunk.request_id]
+            k, p = chunk.num_drafts, req.params
+            drafts = req.spec_token_ids
+            rows = out.logits[out.cu_num_logits[i]:out.cu_num_logits[i + 1]]
+            for j in range(k + 1):
+                target[r, j] = process_logits(rows[j], p, req.prompt_token_ids, req.output_token_ids + drafts[:j])
+            if k:
+                draft_ids[r, :k] = torch.tensor(drafts)
+                num_draft[r] = k
+                q = self._drafts[req.request_id].probs
+                if q is None:  # one-hot drafts (n-gram, or a greedy draft)
+                    draft_probs[r, torch.arange(k), draft_ids[r, :k]] = 1.0
+                else:
+                    draft_probs[r, :k, : q.shape[-1]] = q
+            greedy[r] = p.greedy
+            uniforms[r], noise[r] = random_inputs(None if p.greedy else self._generators[req.request_id],
+                                                  k, max_k, vocab)
+        out_ids, num_accepted = rejection_sample(draft_ids, num_draft, draft_probs, target, greedy, uniforms, noise)
+        tokens = [out_ids[r, : int(num_accepted[r]) + 1].tolist() for r in range(n)]
+        return tokens, num_accepted.tolist()
+
+    def _accept(self, req: Request, chunk: ScheduledChunk, new: list[int], num_accepted: int,
+                raw_logits: torch.Tensor, forward_seconds: float) -> None:
+        """Append the emitted tokens one by one (a stop inside the block cuts it there), then roll
+        back the K/V of rejected drafts in the target and in the proposer."""
+        k = chunk.num_drafts
+        decoding = bool(req.output_token_ids)
         now = time.perf_counter()
         req.first_token_time = req.first_token_time or now
-        req.output_token_ids.append(token)
-        if p.logprobs is not None:
-            req.logprobs.append(top_logprobs(raw_logits, token, p.logprobs))
-        status = self._check_stop(req, token)
+        req.spec.verify_seconds += forward_seconds
+        if k:
+            req.spec.record(k, num_accepted)
+            self.controller.observe(req.request_id, k, num_accepted)
+            self.counters.record_spec(self.proposer.name, k, num_accepted)
+        status: RequestStatus | None = None
+        for j, token in enumerate(new):
+            req.output_token_ids.append(token)
+            if req.params.logprobs is not None:
+                req.logprobs.append(top_logprobs(raw_logits[j], token, req.params.logprobs))
+            status = self.output_processor.check_stop(req, token)
+            if status is not None:
+                break
+        if decoding:
+            req.spec.decode_forwards += 1
+            req.spec.decode_tokens += j + 1
+        self.counters.generated_tokens += j + 1
+        self.counters.target_forwards += 1
+        req.spec_token_ids, req.num_spec_tokens = [], 0
         if status is not None:
             req.finish_time = now
             self.scheduler.finish(req, status)
+            return
+        rejected = k - num_accepted
+        if rejected:
+            self.kv.rollback(req.request_id, rejected)
+            req.num_computed_tokens -= rejected
+        if self.proposer is not None:
+            self.proposer.on_verified(req, k, num_accepted)
 
-    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
-        p = req.params
-        detok = self._detok[req.request_id]
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.tokenizer.eos_token_ids):
-            req.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED
-        before = len(detok.text)
-        detok.add([token])
-        if p.stop:
-            text = detok.text
-            window = max(map(len, p.stop)) - 1
-            start = max(0, before - window)
-            hits = [(text.find(s, start), s) for s in p.stop]
-            hits = [(pos, s) for pos, s in hits if pos >= 0]
-            if hits:
-                pos, s = min(hits)
-                self._text_end[req.request_id] = pos
-                req.stop_reason = s
-                return RequestStatus.FINISHED_STOPPED
-        if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
-
-    def _output(self, req: Request) -> RequestOutput:
-        text = self._detok[req.request_id].text[: self._text_end.get(req.request_id)]
-        visible = len(text) if req.finished else len(text) - _stop_prefix_len(text, req.params.stop)
-        start = self._emitted[req.request_id]
-        delta = text[start:visible] if visible > start else ""
-        self._emitted[req.request_id] = max(start, visible)
-        return RequestOutput(
-            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
-            token_ids=list(req.output_token_ids), text=text[:max(start, visible)], finished=req.finished,
-            finish_reason=req.status.value if req.finished else None,
-            stats=RequestStats.from_request(req, self.precision),
-            logprobs=list(req.logprobs) if req.params.logprobs is not None else None, delta_text=delta)
+    def _stats(self, req: Request) -> RequestStats:
+        return RequestStats.from_request(req, self.precision, self.method,
+                                         self.proposer.name if self.proposer else None)
 
     def _release(self, request_id: str) -> None:
-        self.requests.pop(request_id, None)
-        self._detok.pop(request_id, None)
-        self._emitted.pop(request_id, None)
-        self._text_end.pop(request_id, None)
+        req = self.requests.pop(request_id, None)
+        if req is not None and req.finished:
+            self.counters.requests_finished += 1
+            self.counters.prompt_tokens += req.num_prompt_tokens
+        self.output_processor.free(request_id)
         self._generators.pop(request_id, None)
-
-
-def _stop_prefix_len(text: str, stops: list[str]) -> int:
-    """Length of the longest tail of text that could still grow into a stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
+        self._drafts.pop(request_id, None)
+        if self.proposer is not None:
+            self.proposer.free(request_id)
+        if self.controller is not None:
+            self.controller.free(request_id)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from specdec.engine import LLMEngine
 from specdec.models.loader import LoadedModel
 from specdec.request import RequestOutput
@@ -23,14 +23,16 @@ class LLM:
     def __init__(self, model: str = ModelConfig.model, precision: str = "float32", device: str = "cpu",
                  max_model_len: int | None = None, num_threads: int | None = None,
                  cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
-                 progress: bool = True, config: EngineConfig | None = None,
-                 loaded: LoadedModel | None = None) -> None:
-        """`loaded` reuses weights already in memory (another engine's) instead of loading again."""
+                 speculative: SpeculativeConfig | None = None, progress: bool = True,
+                 config: EngineConfig | None = None, loaded: LoadedModel | None = None,
+                 draft_loaded: LoadedModel | None = None) -> None:
+        """`speculative=None` decodes plainly. `loaded` / `draft_loaded` reuse weights already in
+        memory (another engine's) instead of loading again."""
         config = config or EngineConfig(
             model=ModelConfig(model=model, precision=precision, device=device, max_model_len=max_model_len,
                               num_threads=num_threads),
-            cache=cache or CacheConfig(), scheduler=scheduler or SchedulerConfig())
-        self.engine = LLMEngine(config, progress=progress, loaded=loaded)
+            cache=cache or CacheConfig(), scheduler=scheduler or SchedulerConfig(), speculative=speculative)
+        self.engine = LLMEngine(config, progress=progress, loaded=loaded, draft_loaded=draft_loaded)
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],

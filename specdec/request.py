@@ -2,7 +2,7 @@
 
 A request's tokens are `prompt_token_ids + output_token_ids`; `num_computed_tokens` counts how many
 of them (plus speculative tokens) have K/V in the cache. The scheduler moves it toward
-`num_tokens + len(spec_token_ids)` each step.
+`num_tokens + num_spec_tokens` each step (the drafts themselves are filled in after scheduling).
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from specdec.metrics import SpecStats
 from specdec.sampling_params import SamplingParams
 
 
@@ -35,7 +36,8 @@ class Request:
     params: SamplingParams
     arrival_time: float = field(default_factory=time.perf_counter)
     output_token_ids: list[int] = field(default_factory=list)
-    spec_token_ids: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts under verification this step
+    num_spec_tokens: int = 0     # drafts planned for this step (the controller's k)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
@@ -43,6 +45,7 @@ class Request:
     finish_time: float | None = None
     num_preemptions: int = 0
     logprobs: list[dict[int, float]] = field(default_factory=list)
+    spec: SpecStats = field(default_factory=SpecStats)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -70,9 +73,19 @@ class RequestStats:
     tokens_per_second: float    # generated / seconds
     decode_tokens_per_second: float  # (generated - 1) / (seconds - ttft)
     precision: str
+    method: str = "none"        # "none" | "draft_model" | "ngram"
+    proposer: str | None = None
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float | None = None   # accepted / drafted; None when nothing was drafted
+    mean_accepted_length: float = 1.0      # tokens per decode-phase target forward
+    per_position_acceptance: list[float] = field(default_factory=list)  # P(accept i | reached i)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
 
     @classmethod
-    def from_request(cls, req: Request, precision: str) -> "RequestStats":
+    def from_request(cls, req: Request, precision: str, method: str = "none",
+                     proposer: str | None = None) -> "RequestStats":
         end = req.finish_time or time.perf_counter()
         first = req.first_token_time or end
         seconds = max(end - req.arrival_time, 1e-9)
@@ -87,6 +100,15 @@ class RequestStats:
             tokens_per_second=n / seconds,
             decode_tokens_per_second=(n - 1) / decode_time if n > 1 and decode_time > 0 else 0.0,
             precision=precision,
+            method=method,
+            proposer=proposer,
+            drafted_tokens=req.spec.drafted_tokens,
+            accepted_tokens=req.spec.accepted_tokens,
+            acceptance_rate=req.spec.acceptance_rate,
+            mean_accepted_length=req.spec.mean_accepted_length,
+            per_position_acceptance=req.spec.per_position_acceptance,
+            draft_seconds=req.spec.draft_seconds,
+            verify_seconds=req.spec.verify_seconds,
         )
 
 

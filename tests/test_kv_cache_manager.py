@@ -7,7 +7,7 @@ reads its own tokens and every prefix-cache entry still holds the tokens its has
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -371,7 +371,7 @@ class KVCacheMachine(RuleBasedStateMachine):
     commit a prefix of what was computed, drafts rolled back, forks, frees."""
 
     caching = True
-    max_requests = 6
+    max_requests = 4
 
     def __init__(self) -> None:
         super().__init__()
@@ -388,17 +388,25 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.expected: dict[bytes, tuple[int, ...]] = {}  # hash -> the block tokens it names
         self.history: list[list[int]] = []          # committed sequences, to re-prompt with
         self.next_id = 0
+        self.last: str | None = None
+        tok = st.integers(0, vocab - 1)
+        self.prompt_st = st.lists(tok, min_size=1, max_size=3 * block_size + 1)
+        self.tail_st = st.lists(tok, max_size=block_size + 1)
+        self.new_st = st.lists(tok, min_size=1, max_size=2 * block_size)
+        self.drafts_st = st.lists(tok, min_size=1, max_size=block_size + 1)
 
     # -- helpers --
-    def tok(self):
-        return st.integers(0, self.vocab - 1)
-
     def pick(self, data) -> str | None:
-        """A live request; with none live, add one instead (the caller then has nothing to do)."""
+        """A live request, half the time the one touched last (so steps chain on one request);
+        with none live, add one instead (the caller then has nothing to do)."""
         if not self.tokens:
             self.add_request(data)
             return None
-        return data.draw(st.sampled_from(sorted(self.tokens)), label="request")
+        live = sorted(self.tokens)
+        i = data.draw(st.integers(0, 2 * len(live) - 1), label="request")
+        rid = live[i % len(live)] if i < len(live) or self.last not in self.tokens else self.last
+        self.last = rid
+        return rid
 
     def _new_id(self) -> str:
         self.next_id += 1
@@ -474,11 +482,11 @@ class KVCacheMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def add_request(self, data):
         bs = self.bs
-        fresh = st.lists(self.tok(), min_size=1, max_size=3 * bs + 1)
+        fresh = self.prompt_st
         if self.history:
-            base = data.draw(st.sampled_from(self.history), label="reuse")
+            base = self.history[data.draw(st.integers(0, len(self.history) - 1), label="reuse")]
             cut = data.draw(st.integers(0, len(base)), label="cut")
-            prompt = base[:cut] + data.draw(st.lists(self.tok(), max_size=bs + 1), label="tail")
+            prompt = base[:cut] + data.draw(self.tail_st, label="tail")
             if not prompt:
                 prompt = data.draw(fresh, label="prompt")
         else:
@@ -504,6 +512,7 @@ class KVCacheMachine(RuleBasedStateMachine):
             self.committed[rid] = len(cached) * bs
             self._commit(rid, len(prompt))
             assert self.m.block_tables[rid][:len(cached)] == cached
+            self.last = rid
 
     @rule(data=st.data())
     def append(self, data):
@@ -511,28 +520,33 @@ class KVCacheMachine(RuleBasedStateMachine):
         rid = self.pick(data)
         if rid is None:
             return
-        new = data.draw(st.lists(self.tok(), min_size=1, max_size=2 * self.bs), label="new")
+        new = data.draw(self.new_st, label="new")
         if self._allocate(rid, new):
             c = data.draw(st.integers(self.committed[rid], len(self.tokens[rid])), label="commit")
             self._commit(rid, c)
 
     @rule(data=st.data())
     def speculate(self, data):
-        """Give k draft tokens a slot, then reject a random number of them."""
+        """A draft step: reject some of the earlier unverified tokens, give k new drafts a slot, then
+        reject a random number of those."""
         rid = self.pick(data)
         if rid is None:
             return
-        drafts = data.draw(st.lists(self.tok(), min_size=1, max_size=self.bs + 1), label="drafts")
+        if self.m.block_hashes[rid] and data.draw(st.booleans(), label="try too far"):
+            self._refused_rollback(rid)
+        uncommitted = len(self.tokens[rid]) - self.committed[rid]
+        self._rollback(rid, data.draw(st.integers(0, uncommitted), label="reject earlier"))
+        drafts = data.draw(self.drafts_st, label="drafts")
         if self._allocate(rid, drafts):
             self._rollback(rid, data.draw(st.integers(0, len(drafts)), label="reject"))
 
-    @rule(data=st.data())
-    def rollback(self, data):
-        rid = self.pick(data)
-        if rid is None:
-            return
-        uncommitted = len(self.tokens[rid]) - self.committed[rid]
-        self._rollback(rid, data.draw(st.integers(0, uncommitted), label="n"))
+    def _refused_rollback(self, rid: str) -> None:
+        """Rolling back into the request's own hashed (committed) blocks is refused, changing nothing."""
+        too_far = len(self.tokens[rid]) - len(self.m.block_hashes[rid]) * self.bs + 1
+        before = snapshot(self.m)
+        with pytest.raises(AssertionError, match="hashed"):
+            self.m.rollback(rid, too_far)
+        assert snapshot(self.m) == before
 
     def _rollback(self, rid: str, n: int) -> None:
         m, pool = self.m, self.m.pool
@@ -546,16 +560,6 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert m.block_tables[rid] == table0[:keep]
         assert m.num_free_blocks() == free0 + expect_freed
         self.tokens[rid] = self.tokens[rid][:slots]
-
-    @precondition(lambda self: self.tokens and any(self.m.block_hashes.values()))
-    @rule(data=st.data())
-    def rollback_into_hashed_block_is_refused(self, data):
-        rid = data.draw(st.sampled_from(sorted(r for r in self.tokens if self.m.block_hashes[r])))
-        too_far = len(self.tokens[rid]) - len(self.m.block_hashes[rid]) * self.bs + 1
-        before = snapshot(self.m)
-        with pytest.raises(AssertionError):
-            self.m.rollback(rid, too_far)
-        assert snapshot(self.m) == before
 
     @precondition(lambda self: len(self.tokens) < self.max_requests)
     @rule(data=st.data())
@@ -642,6 +646,24 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert self.m.num_free_blocks() == self.m.num_blocks
         assert self.m.block_tables == {} and self.m.num_slots == {} and self.m.block_hashes == {}
         pool.check_invariants()
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), block_size=st.integers(2, 4), steps=st.lists(
+    st.sampled_from(["append", "speculate", "free", "add_request"]), min_size=2, max_size=8))
+def test_forked_siblings_diverge_safely(data, block_size, steps):
+    """The same model, focused on one fork: a request with unverified drafts forks, then the
+    siblings go their own ways (one commits the drafts and finishes, the other rejects them ...)."""
+    machine = KVCacheMachine()
+    machine.setup(num_blocks=16, block_size=block_size, vocab=2)
+    machine.add_request(data)
+    machine.speculate(data)
+    machine.fork(data)
+    for name in steps:
+        getattr(machine, name)(data)
+        machine.bookkeeping()
+        machine.memory_is_consistent()
+    machine.teardown()
 
 
 class KVCacheMachineNoCaching(KVCacheMachine):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from specdec.sample.logits_processors import apply_penalties, apply_top_k_top_p_min_p, process_logits
-from specdec.sample.sampler import make_generator, sample_token, top_logprobs
+from specdec.sample.rejection_sampler import rejection_sample
+from specdec.sample.sampler import make_generator, random_inputs, top_logprobs
 from specdec.sampling_params import SamplingParams
 
 
@@ -63,6 +64,15 @@ def test_penalties():
     p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
     out = apply_penalties(logits.clone(), p, prompt_ids=[3], output_ids=[2, 2, 0])
     assert out.tolist() == pytest.approx([2.0 - 0.75, -2.0, 1.0 - 1.0, 0.5])  # prompt not counted
+
+
+def sample_token(processed: torch.Tensor, p: SamplingParams, g: torch.Generator) -> int:
+    """Plain decoding is rejection sampling with no drafts."""
+    vocab = processed.shape[-1]
+    uniforms, noise = random_inputs(None if p.greedy else g, 0, 0, vocab)
+    out, _ = rejection_sample(torch.full((1, 0), -1), torch.zeros(1, dtype=torch.long), None,
+                              processed.view(1, 1, vocab), torch.tensor([p.greedy]), uniforms[None], noise[None])
+    return int(out[0, 0])
 
 
 def test_greedy_ignores_temperature_filters_but_not_penalties():

@@ -10,10 +10,15 @@ import torch
 class ScheduledChunk:
     """One request's share of a step: the tokens whose K/V this forward computes."""
     request_id: str
-    token_ids: list[int]     # [num_scheduled] committed tokens, then any speculative ones
+    token_ids: list[int]     # [num_scheduled] committed tokens, then the drafts to verify
     start_position: int      # num_computed_tokens before this step
     block_ids: list[int]     # the request's whole block table
     num_logits: int          # logits for the last num_logits tokens (0: a prefill chunk mid-prompt)
+
+    @property
+    def num_drafts(self) -> int:
+        """Scheduled draft slots: every logit row but the one after the last committed token."""
+        return max(self.num_logits - 1, 0)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Scheduler: continuous batching under a token budget, FCFS.
 
 One rule covers prefill, chunked prefill, plain decode and verification alike: each step moves a
-request's `num_computed_tokens` toward `num_tokens + len(spec_token_ids)` within the token budget.
+request's `num_computed_tokens` toward `num_tokens + num_spec_tokens` within the token budget (num_spec_tokens: the drafts planned for
+this step; the proposer fills them in after scheduling, for exactly the slots scheduled).
 Running requests are served first (oldest first); waiting ones are admitted while budget, batch
 size and KV blocks allow. When blocks run out a running request is preempted by recompute,
 youngest first, and goes back to the front of the queue.
@@ -98,7 +99,7 @@ class Scheduler:
         )
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
-        target = req.num_tokens + len(req.spec_token_ids)
+        target = req.num_tokens + req.num_spec_tokens
         num_new = min(target - req.num_computed_tokens, budget)
         if self.config.long_prefill_token_threshold:
             num_new = min(num_new, self.config.long_prefill_token_threshold)
@@ -107,8 +108,8 @@ class Scheduler:
 
     def _chunk(self, req: Request, num_new: int) -> ScheduledChunk:
         start = req.num_computed_tokens
-        tokens = (req.all_token_ids + req.spec_token_ids)[start:start + num_new]
         end = start + num_new
+        tokens = req.all_token_ids[start:end]  # committed part; drafts are appended after proposing
         # logits for every position from the last committed token on: 1 + drafts covered
         num_logits = max(0, end - (req.num_tokens - 1))
         return ScheduledChunk(req.request_id, tokens, start, list(self.kv.block_tables[req.request_id]),
@@ -119,6 +120,7 @@ class Scheduler:
         self.kv.free(req.request_id)
         req.num_computed_tokens = 0
         req.spec_token_ids = []
+        req.num_spec_tokens = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1

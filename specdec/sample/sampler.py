@@ -1,9 +1,12 @@
-"""Sampler: processed logits -> token ids, one seeded generator per request; top-N logprobs."""
+"""Per-request randomness and logprobs.
+
+Every token, speculative or not, is chosen by `rejection_sample` (k = 0 is plain decoding); this
+module draws the random tensors it needs from each request's own generator, so a seed fixes a
+request's draws whatever else is in the batch.
+"""
 from __future__ import annotations
 
 import torch
-
-from specdec.sampling_params import SamplingParams
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -15,16 +18,20 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return g
 
 
-def sample_token(processed: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """processed: [vocab] logits after `process_logits`. Greedy takes the argmax (lowest id on ties)."""
-    if params.greedy:
-        return int(torch.argmax(processed))
-    probs = torch.softmax(processed, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+def random_inputs(generator: torch.Generator | None, num_drafts: int, max_k: int,
+                  vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """uniforms [max_k] and exponential noise [max_k + 1, vocab]; greedy requests pass None and get
+    constants (they draw nothing, so their generator is untouched)."""
+    uniforms = torch.zeros(max_k)
+    noise = torch.ones(max_k + 1, vocab_size)
+    if generator is not None:
+        uniforms[:num_drafts] = torch.rand(num_drafts, generator=generator)
+        noise[: num_drafts + 1].exponential_(generator=generator)
+    return uniforms, noise
 
 
 def top_logprobs(raw_logits: torch.Tensor, token_id: int, n: int) -> dict[int, float]:
-    """Log-probabilities of the model's raw distribution: the chosen token plus the top n."""
+    """Log-probabilities of the target's raw distribution: the chosen token plus the top n."""
     logprobs = torch.log_softmax(raw_logits, dim=-1)
     out = {token_id: float(logprobs[token_id])}
     if n:

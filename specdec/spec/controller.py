@@ -1,0 +1,202 @@
+"""SpecController: how many tokens each request drafts next, and whether it should speculate at all.
+
+Policies (SpeculativeConfig.policy):
+  * fixed:      always k = num_speculative_tokens.
+  * heuristic:  over the last 10 drafting steps, acceptance > 0.8 -> k + 1, < 0.5 -> k - 1 (min 1).
+  * cost_model: choose k maximizing expected tokens per second (Leviathan et al. 2023, "Fast Inference
+    from Transformers via Speculative Decoding", section 3.4),
+        S(k) = E[tokens | k] / (k * t_draft + t_verify(k + 1)),
+        E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} alpha_j,
+    with alpha_j an EMA of the request's acceptance at draft position j (given position j was reached),
+    t_draft the measured cost of one draft step and t_verify(n) the measured cost of a target forward
+    scoring n tokens per request at the current batch size. k = 0 (plain decoding) when no k beats S(0).
+    With `deterministic=True` the costs are static (draft_cost_ratio, verify_cost_slope), so k depends on
+    acceptance counts alone and a seed fixes the text, not only its distribution.
+
+Health check (every policy): when a request's acceptance over its last `health_window` drafting steps
+falls below `acceptance_threshold`, it falls back to plain decoding, logs a warning and counts an
+alert; every `reprobe_interval` plain steps it re-probes with `reprobe_k` drafts and resumes when the
+probe's acceptance clears the threshold. Under exact verification none of this changes the output,
+only the speed; the same holds for the long-output guard (plain_interval_after / _steps).
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from specdec.config import SpeculativeConfig
+from specdec.runner.attention import pad_rows
+
+log = logging.getLogger("specdec.spec")
+_PRIOR_ACCEPTANCE = 0.6
+
+
+class CostTable:
+    """EMA of measured seconds by padded row count (the runner pads rows to a multiple of 4, so
+    e.g. 1-4 rows cost the same). An unmeasured row count borrows the nearest smaller measurement:
+    optimistic on purpose, so the controller tries it and learns its real cost."""
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self.seconds: dict[int, float] = {}
+
+    def record(self, rows: int, seconds: float) -> None:
+        key = pad_rows(rows)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+
+    def estimate(self, rows: int) -> float | None:
+        key = pad_rows(rows)
+        if key in self.seconds:
+            return self.seconds[key]
+        lower = [r for r in self.seconds if r < key]
+        if lower:
+            return self.seconds[max(lower)]
+        higher = [r for r in self.seconds if r > key]
+        return self.seconds[min(higher)] if higher else None
+
+
+@dataclass
+class RequestSpecState:
+    k: int
+    alpha: list[float]
+    window: deque = field(default_factory=lambda: deque(maxlen=10))  # (drafted, accepted) per drafting step
+    fallback: bool = False
+    plain_steps: int = 0        # plain steps since the fallback / last probe
+    probing: bool = False
+    disabled: bool = False      # the proposer failed for this request
+    guard_countdown: int = 0    # long-output guard: plain steps left before the next round
+
+
+class SpecController:
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+        self.max_k = config.num_speculative_tokens
+        self.states: dict[str, RequestSpecState] = {}
+        self.draft_costs = CostTable(config.ema_alpha)   # rows in the draft forward -> seconds per step
+        self.verify_costs = CostTable(config.ema_alpha)  # rows in the target forward -> seconds
+        self.num_fallbacks = 0
+        self.num_reprobes = 0
+        self.num_resumes = 0
+
+    def _state(self, request_id: str) -> RequestSpecState:
+        st = self.states.get(request_id)
+        if st is None:
+            k = self.max_k if self.config.policy != "heuristic" else max(1, self.max_k // 2)
+            st = self.states[request_id] = RequestSpecState(k=k, alpha=[_PRIOR_ACCEPTANCE] * self.max_k)
+        return st
+
+    # ---- decisions ----------------------------------------------------------------------------
+    def next_k(self, request_id: str, num_generated: int, batch_size: int) -> int:
+        st = self._state(request_id)
+        cfg = self.config
+        if st.disabled or self.max_k == 0:
+            return 0
+        if st.fallback:
+            st.plain_steps += 1
+            if st.plain_steps >= cfg.reprobe_interval:
+                st.plain_steps, st.probing = 0, True
+                self.num_reprobes += 1
+                return min(cfg.reprobe_k, self.max_k)
+            return 0
+        if cfg.plain_interval_after is not None and num_generated >= cfg.plain_interval_after:
+            if st.guard_countdown > 0:
+                st.guard_countdown -= 1
+                return 0
+            st.guard_countdown = cfg.plain_interval_steps
+        if cfg.policy == "cost_model":
+            k = self._best_k(st, batch_size)
+            if k == 0:  # keep learning: probe now and then even when plain looks better
+                st.plain_steps += 1
+                if st.plain_steps >= cfg.reprobe_interval:
+                    st.plain_steps = 0
+                    self.num_reprobes += 1
+                    return min(cfg.reprobe_k, self.max_k)
+            return k
+        return st.k
+
+    def _best_k(self, st: RequestSpecState, batch_size: int) -> int:
+        best_k, best_rate = 0, None
+        for k in range(0, self.max_k + 1):
+            cost = self._step_cost(k, batch_size)
+            if cost is None:
+                return self.max_k  # nothing measured yet: speculate to learn the costs
+            expected, reach = 1.0, 1.0
+            for a in st.alpha[:k]:
+                reach *= a
+                expected += reach
+            rate = expected / cost
+            if best_rate is None or rate > best_rate * (1 + 1e-9):
+                best_k, best_rate = k, rate
+        return best_k
+
+    def _step_cost(self, k: int, batch_size: int) -> float | None:
+        cfg = self.config
+        if cfg.deterministic:
+            return k * cfg.draft_cost_ratio + 1.0 + cfg.verify_cost_slope * k
+        verify = self.verify_costs.estimate(batch_size * (k + 1))
+        if verify is None:
+            return None
+        if k == 0:
+            return verify
+        draft = self.draft_costs.estimate(batch_size)
+        if draft is None:
+            return None
+        return k * draft + verify
+
+    # ---- observations -------------------------------------------------------------------------
+    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        """One verification of num_drafted drafts, of which the first num_accepted were kept."""
+        if num_drafted == 0:
+            return
+        st = self._state(request_id)
+        a = self.config.ema_alpha
+        for j in range(min(num_drafted, num_accepted + 1)):  # positions reached
+            hit = 1.0 if j < num_accepted else 0.0
+            st.alpha[j] = (1 - a) * st.alpha[j] + a * hit
+        st.window.append((num_drafted, num_accepted))
+        if self.config.policy == "heuristic" and len(st.window) == st.window.maxlen:
+            rate = _rate(st.window)
+            if rate > 0.8:
+                st.k = min(st.k + 1, self.max_k)
+            elif rate < 0.5:
+                st.k = max(st.k - 1, 1)
+        self._health(request_id, st, num_drafted, num_accepted)
+
+    def _health(self, request_id: str, st: RequestSpecState, drafted: int, accepted: int) -> None:
+        cfg = self.config
+        if st.probing:
+            st.probing = False
+            if accepted / drafted >= cfg.acceptance_threshold:
+                st.fallback = False
+                st.window.clear()
+                st.window.append((drafted, accepted))
+                self.num_resumes += 1
+                log.info("request %s: acceptance recovered (%d/%d), speculation resumes",
+                         request_id, accepted, drafted)
+            return
+        recent = list(st.window)[-cfg.health_window:]
+        if not st.fallback and len(recent) >= cfg.health_window and _rate(recent) < cfg.acceptance_threshold:
+            st.fallback, st.plain_steps = True, 0
+            self.num_fallbacks += 1
+            log.warning("request %s: acceptance %.2f below %.2f over %d steps; falling back to plain decoding",
+                        request_id, _rate(recent), cfg.acceptance_threshold, len(recent))
+
+    def record_draft(self, rows: int, seconds: float) -> None:
+        """One draft forward over `rows` tokens."""
+        self.draft_costs.record(rows, seconds)
+
+    def record_verify(self, total_rows: int, seconds: float) -> None:
+        self.verify_costs.record(total_rows, seconds)
+
+    def disable(self, request_id: str) -> None:
+        self._state(request_id).disabled = True
+
+    def free(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+
+
+def _rate(window) -> float:
+    drafted = sum(d for d, _ in window)
+    return sum(a for _, a in window) / drafted if drafted else 1.0

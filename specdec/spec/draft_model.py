@@ -1,0 +1,114 @@
+"""DraftModelProposer: a smaller model of the same vocabulary, with its own paged KV cache.
+
+For each request it first catches its cache up with the committed tokens it has not seen (the
+whole prompt the first time, then the accepted and bonus tokens of the last round), then drafts k
+tokens autoregressively from the *processed* draft distribution: the request's own penalties,
+temperature, top-k/top-p/min-p, applied with the drafts before position j counted as output.
+All speculating requests share each draft forward. After verification the rejected drafts' K/V
+are rolled back.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specdec.core.kv_cache_manager import KVCacheManager
+from specdec.core.outputs import ScheduledChunk, SchedulerOutput
+from specdec.models.llama import LlamaModel
+from specdec.models.loader import LoadedModel
+from specdec.request import Request
+from specdec.runner.model_runner import ModelRunner
+from specdec.sample.logits_processors import process_logits
+from specdec.sample.sampler import make_generator
+from specdec.spec.proposer import DraftProposal
+
+
+def check_same_vocabulary(target_tokens: list[str], draft_tokens: list[str], target_name: str,
+                          draft_name: str) -> int:
+    """The real tokens must agree; only padding rows may differ. Returns the shared vocabulary size."""
+    shared = min(len(target_tokens), len(draft_tokens))
+    for i in range(shared):
+        if target_tokens[i] != draft_tokens[i]:
+            raise ValueError(f"draft {draft_name} and target {target_name} have different vocabularies "
+                             f"(token {i}: {draft_tokens[i]!r} vs {target_tokens[i]!r})")
+    return shared
+
+
+class DraftModelProposer:
+    method = "draft_model"
+
+    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: torch.device,
+                 vocab_size: int, max_model_len: int) -> None:
+        self.name = loaded.name
+        self.loaded = loaded
+        self.max_model_len = min(max_model_len, loaded.config.max_position)
+        model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, device)
+        self.vocab_size = vocab_size
+        self.kv = KVCacheManager(num_blocks, block_size, enable_caching=False)
+        self.runner = ModelRunner(model, num_blocks, block_size, device, loaded.tokenizer.never_sample_ids,
+                                  vocab_limit=vocab_size)
+        self._generators: dict[str, torch.Generator] = {}
+        self.draft_seconds = 0.0  # of the last propose() call
+        self.forward_costs: list[tuple[int, float]] = []  # (rows, seconds) of its forwards
+
+    def propose(self, requests: list[Request], num_tokens: list[int]) -> list[DraftProposal]:
+        t0 = time.perf_counter()
+        self.forward_costs = []
+        active: list[tuple[int, Request, int]] = []
+        for i, (req, k) in enumerate(zip(requests, num_tokens)):
+            k = min(k, self.max_model_len - req.num_tokens)
+            if k <= 0:
+                continue
+            rid = req.request_id
+            seen = self.kv.num_slots.get(rid, 0)
+            if not self.kv.can_allocate(rid, req.num_tokens - seen + k - 1):
+                continue  # draft pool full: this request decodes plainly this step
+            active.append((i, req, k))
+        drafts: dict[int, list[int]] = {i: [] for i, _, _ in active}
+        probs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in active}
+        step = 0
+        while active:
+            chunks = []
+            for i, req, k in active:
+                rid = req.request_id
+                seen = self.kv.num_slots.get(rid, 0)
+                tokens = (req.all_token_ids + drafts[i])[seen:]
+                self.kv.allocate(rid, len(tokens))
+                chunks.append(ScheduledChunk(rid, tokens, seen, list(self.kv.block_tables[rid]), 1))
+            rows = sum(len(c.token_ids) for c in chunks)
+            out = self.runner.execute(SchedulerOutput(chunks, rows))
+            self.forward_costs.append((rows, out.forward_seconds))
+            for row, (i, req, _) in enumerate(active):
+                token, q = self._sample(req, out.logits[row, : self.vocab_size], drafts[i])
+                drafts[i].append(token)
+                if q is not None:
+                    probs[i].append(q)
+            step += 1
+            # the last draft is never fed: its K/V would be computed by the next catch-up anyway
+            active = [(i, req, k) for i, req, k in active if k > step]
+        self.draft_seconds = time.perf_counter() - t0
+        result = [DraftProposal([]) for _ in requests]
+        for i in drafts:
+            result[i] = DraftProposal(drafts[i], torch.stack(probs[i]) if probs[i] else None)
+        return result
+
+    def _sample(self, req: Request, logits: torch.Tensor, drafts: list[int]) -> tuple[int, torch.Tensor | None]:
+        p = req.params
+        processed = process_logits(logits, p, req.prompt_token_ids, req.output_token_ids + drafts)
+        if p.greedy:
+            return int(processed.argmax()), None
+        q = torch.softmax(processed, dim=-1)
+        g = self._generators.get(req.request_id)
+        if g is None:  # drafts get their own stream so a seed fixes them too
+            g = self._generators[req.request_id] = make_generator(None if p.seed is None else p.seed + 1)
+        noise = torch.empty_like(q).exponential_(generator=g)
+        return int((q / noise).argmax()), q
+
+    def on_verified(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        if num_drafted:
+            self.kv.rollback(request.request_id, num_drafted - 1 - min(num_accepted, num_drafted - 1))
+
+    def free(self, request_id: str) -> None:
+        self.kv.free(request_id)
+        self._generators.pop(request_id, None)

@@ -1,0 +1,37 @@
+"""Build the configured proposer (the one place that knows every proposer class)."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from specdec.config import EngineConfig
+from specdec.models import registry
+from specdec.models.loader import LoadedModel, load_model
+from specdec.spec.draft_model import DraftModelProposer, check_same_vocabulary
+from specdec.spec.ngram import NgramProposer
+from specdec.spec.proposer import Proposer
+
+
+def default_draft(target_name: str) -> str | None:
+    entry = registry.REGISTRY.get(target_name)
+    return entry.default_draft if entry else None
+
+
+def build_proposer(config: EngineConfig, target: LoadedModel, draft_loaded: LoadedModel | None,
+                   max_model_len: int, progress: bool = True) -> Proposer:
+    spec = config.speculative
+    assert spec is not None
+    if spec.method == "ngram":
+        return NgramProposer(spec.ngram_max, spec.ngram_min)
+    name = spec.draft_model or default_draft(target.name)
+    if name is None and draft_loaded is None:
+        raise ValueError(f"no draft model given and {target.name!r} has no default draft; "
+                         "pass draft_model=... or use method='ngram'")
+    draft = draft_loaded or load_model(name, config.model.precision, config.model.device, progress)
+    if progress:
+        print(f"draft model {draft.name} loaded in {draft.load_seconds:.1f}s", file=sys.stderr)
+    shared = check_same_vocabulary(target.tokenizer.token_strings, draft.tokenizer.token_strings,
+                                   target.name, draft.name)
+    return DraftModelProposer(draft, config.cache.draft_cache_blocks, config.cache.block_size,
+                              torch.device(config.model.device), shared, max_model_len)

@@ -1,0 +1,188 @@
+"""Speculative decoding on tiny random models: lossless greedy output, rollback in both caches,
+stops inside accepted blocks, seeds, penalties, proposer failures, and the controller's policies."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import engine_config
+from specdec.config import SpeculativeConfig
+from specdec.llm import LLM
+from specdec.sampling_params import SamplingParams
+from specdec.spec.controller import SpecController
+from specdec.spec.ngram import ngram_lookup
+
+PROMPTS = ["hello there", "the cat sat on the mat and then the cat sat on the mat", "a", "in the beginning " * 6]
+
+
+def spec_llm(target, method="draft_model", draft=None, k=3, policy="fixed", **spec):
+    cfg = engine_config(str(target))
+    cfg.speculative = SpeculativeConfig(method=method, draft_model=str(draft) if draft else None,
+                                        num_speculative_tokens=k, policy=policy, **spec)
+    return LLM(config=cfg, progress=False)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_qwen):
+    return LLM(config=engine_config(str(tiny_qwen)), progress=False)
+
+
+def tokens(llm, params, prompts=PROMPTS, batch=True):
+    return [o.token_ids for o in llm.generate(prompts, params, batch=batch)]
+
+
+def assert_all_free(llm):
+    eng = llm.engine
+    assert eng.kv.num_free_blocks() == eng.kv.num_blocks
+    draft_kv = getattr(eng.proposer, "kv", None)
+    if draft_kv is not None:
+        assert draft_kv.num_free_blocks() == draft_kv.num_blocks
+        assert all(r == 0 for r in draft_kv.pool.ref_cnt)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("method,draft", [("draft_model", "tiny_llama"), ("draft_model", "tiny_qwen"), ("ngram", None)])
+def test_greedy_speculative_equals_plain(plain, tiny_qwen, request, method, draft, k):
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    ref = tokens(plain, params)
+    llm = spec_llm(tiny_qwen, method, request.getfixturevalue(draft) if draft else None, k)
+    assert tokens(llm, params) == ref
+    assert tokens(llm, params, batch=False) == ref
+    assert_all_free(llm)
+
+
+def test_self_draft_accepts_everything(tiny_qwen):
+    llm = spec_llm(tiny_qwen, draft=tiny_qwen, k=4)
+    out = llm.generate(PROMPTS[1], SamplingParams(max_tokens=25, ignore_eos=True))[0]
+    s = out.stats
+    assert s.method == "draft_model" and s.drafted_tokens > 0
+    assert s.acceptance_rate == 1.0 and s.mean_accepted_length > 3.0
+    assert s.per_position_acceptance == [1.0] * 4
+
+
+@pytest.mark.parametrize("policy", ["cost_model", "heuristic"])
+def test_adaptive_policies_stay_lossless(plain, tiny_qwen, tiny_llama, policy):
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    for draft in (tiny_qwen, tiny_llama):
+        llm = spec_llm(tiny_qwen, draft=draft, k=4, policy=policy)
+        assert tokens(llm, params) == tokens(plain, params)
+        assert_all_free(llm)
+
+
+def test_seeded_sampling_with_fixed_policy_reproduces(tiny_qwen):
+    params = SamplingParams(temperature=0.9, top_k=50, max_tokens=30, seed=11, ignore_eos=True)
+    a = tokens(spec_llm(tiny_qwen, draft=tiny_qwen, k=3), params)
+    b = tokens(spec_llm(tiny_qwen, draft=tiny_qwen, k=3), params, batch=False)
+    assert a == b
+
+
+def test_stops_inside_an_accepted_block(plain, tiny_qwen):
+    free = plain.generate(PROMPTS[1], SamplingParams(max_tokens=30, ignore_eos=True))[0]
+    stop_id = free.token_ids[6]
+    cut = free.token_ids[: free.token_ids.index(stop_id) + 1]
+    llm = spec_llm(tiny_qwen, draft=tiny_qwen, k=5)  # self-draft: blocks of 6 tokens all accepted
+    out = llm.generate(PROMPTS[1], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=[stop_id]))[0]
+    assert out.token_ids == cut and out.finish_reason == "stop"
+    out = llm.generate(PROMPTS[1], SamplingParams(max_tokens=9, ignore_eos=True))[0]
+    assert out.token_ids == free.token_ids[:9] and out.finish_reason == "length"
+    stop = free.text[8:12]
+    if stop.strip():
+        ref = plain.generate(PROMPTS[1], SamplingParams(max_tokens=30, ignore_eos=True, stop=[stop]))[0]
+        out = llm.generate(PROMPTS[1], SamplingParams(max_tokens=30, ignore_eos=True, stop=[stop]))[0]
+        assert (out.text, out.token_ids, out.finish_reason) == (ref.text, ref.token_ids, "stop")
+    assert_all_free(llm)
+
+
+def test_penalties_same_with_and_without_speculation(plain, tiny_qwen, tiny_llama):
+    params = SamplingParams(max_tokens=30, repetition_penalty=1.3, presence_penalty=0.5,
+                            frequency_penalty=0.3, ignore_eos=True)
+    ref = tokens(plain, params)
+    for llm in (spec_llm(tiny_qwen, draft=tiny_qwen, k=3), spec_llm(tiny_qwen, "ngram", k=3),
+                spec_llm(tiny_qwen, draft=tiny_llama, k=2)):
+        assert tokens(llm, params) == ref
+
+
+def test_logprobs_come_from_the_target(plain, tiny_qwen, tiny_llama):
+    params = SamplingParams(max_tokens=12, logprobs=2, ignore_eos=True)
+    ref = plain.generate(PROMPTS[0], params)[0]
+    out = spec_llm(tiny_qwen, draft=tiny_llama, k=3).generate(PROMPTS[0], params)[0]
+    assert out.token_ids == ref.token_ids
+    for a, b in zip(out.logprobs, ref.logprobs):
+        assert a.keys() == b.keys()
+        assert all(abs(a[t] - b[t]) < 1e-6 for t in a)
+
+
+class Boom:
+    method, name = "draft_model", "boom"
+    draft_seconds, forward_costs = 0.0, []
+
+    def propose(self, requests, num_tokens):
+        raise RuntimeError("draft exploded")
+
+    def on_verified(self, request, num_drafted, num_accepted):
+        pass
+
+    def free(self, request_id):
+        pass
+
+
+def test_proposer_failure_never_fails_a_request(plain, tiny_qwen):
+    llm = spec_llm(tiny_qwen, "ngram", k=3)
+    llm.engine.proposer = Boom()
+    params = SamplingParams(max_tokens=15, ignore_eos=True)
+    assert tokens(llm, params) == tokens(plain, params)
+    assert llm.engine.counters.proposer_errors >= 1
+
+
+def test_ngram_lookup():
+    assert ngram_lookup([1, 2, 3, 9, 1, 2, 3], 2, 3, 1) == [9, 1]
+    assert ngram_lookup([5, 1, 2, 7, 7, 1, 2], 3, 4, 1) == [7, 7, 1]  # most recent match of [1, 2]
+    assert ngram_lookup([1, 2, 3], 2, 3, 2) == []
+    assert ngram_lookup([4, 4], 3, 2, 1) == [4]
+
+
+def test_controller_health_fallback_and_reprobe():
+    c = SpecController(SpeculativeConfig(num_speculative_tokens=4, policy="fixed", health_window=4,
+                                         reprobe_interval=3, reprobe_k=2))
+    assert c.next_k("r", 0, 1) == 4
+    for _ in range(4):
+        c.observe("r", 4, 0)
+    assert c.num_fallbacks == 1
+    ks = [c.next_k("r", 10, 1) for _ in range(3)]
+    assert ks == [0, 0, 2] and c.num_reprobes == 1
+    c.observe("r", 2, 2)  # the probe succeeds
+    assert c.next_k("r", 11, 1) == 4 and c.num_resumes == 1
+
+
+def test_controller_heuristic_moves_k():
+    c = SpecController(SpeculativeConfig(num_speculative_tokens=6, policy="heuristic", acceptance_threshold=0.0))
+    k0 = c.next_k("r", 0, 1)
+    for _ in range(10):
+        c.observe("r", k0, k0)
+    assert c.next_k("r", 0, 1) == k0 + 1
+    for _ in range(10):
+        c.observe("r", 4, 1)
+    assert c.next_k("r", 0, 1) < k0 + 1
+
+
+def test_cost_model_stops_speculating_when_it_does_not_pay():
+    c = SpecController(SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, reprobe_interval=100))
+    for rows in range(1, 9):
+        c.record_verify(rows, 0.1 * rows)   # verification grows linearly: no free scoring
+    c.record_draft(1, 0.08)               # and drafting is nearly as dear as the target
+    for _ in range(20):
+        c.observe("r", 4, 1)
+    assert c.next_k("r", 5, 1) == 0
+    c2 = SpecController(SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0))
+    for rows in range(1, 9):
+        c2.record_verify(rows, 0.1)          # scoring up to 8 tokens costs one forward
+    c2.record_draft(1, 0.01)
+    for _ in range(20):
+        c2.observe("r", 4, 4)
+    assert c2.next_k("r", 5, 1) == 4
+
+
+def test_long_output_guard_interleaves_plain_steps():
+    c = SpecController(SpeculativeConfig(num_speculative_tokens=3, policy="fixed", plain_interval_after=10,
+                                         plain_interval_steps=2))
+    assert c.next_k("r", 5, 1) == 3
+    assert [c.next_k("r", 20, 1) for _ in range(6)] == [3, 0, 0, 3, 0, 0]
