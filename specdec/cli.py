@@ -187,8 +187,12 @@ def cmd_models(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from specdec.bench.decode import run_decode_bench
-    run_decode_bench(a)
+    if a.mode == "decode":
+        from specdec.bench.decode import run_decode_bench
+        run_decode_bench(a)
+    else:
+        from specdec.bench.spec_bench import run_spec_bench
+        run_spec_bench(a)
     return 0
 
 
@@ -219,15 +223,22 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also build the dequantized-weight cache for this precision (repeatable)")
     m.set_defaults(func=cmd_models)
 
-    b = sub.add_parser("bench", help="benchmark plain greedy decoding (JSON)")
+    b = sub.add_parser("bench", help="benchmark: plain vs speculative arms (default) or plain decoding alone")
+    b.add_argument("mode", nargs="?", choices=["spec", "decode"], default="spec")
     _add_model_args(b)
-    b.add_argument("--prompts-file", default=str(Path(__file__).parent / "bench" / "prompts" / "code_gen.jsonl"))
-    b.add_argument("--num-prompts", type=int, default=7)
+    b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
+    b.add_argument("--arms", default="plain,draft_fixed,draft_cost_model,ngram")
+    b.add_argument("--sets", default="code_edit,code_gen,chat,prose,zh")
+    b.add_argument("-k", type=int, default=4)
+    b.add_argument("--prompts-file", default=str(Path(__file__).parent / "bench" / "prompts" / "code_gen.jsonl"),
+                   help="decode mode: the prompt set")
+    b.add_argument("--num-prompts", type=int, default=3, help="prompts per set")
     b.add_argument("--max-tokens", type=int, default=64)
-    b.add_argument("--repeats", type=int, default=1)
-    b.add_argument("--out", default="bench-decode.json")
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--out", default="bench.json")
+    b.add_argument("--plot", default="bench.png", help="PNG plot (spec mode); empty for none")
     b.add_argument("--peer", choices=["none", "transformers"], default="none",
-                   help="also time transformers float32 on the same prompts, in the same run")
+                   help="decode mode: also time transformers float32 on the same prompts, in the same run")
     b.set_defaults(func=cmd_bench)
     return parser
 

@@ -51,3 +51,9 @@ def qwen05_loaded():
 def smollm_loaded():
     from specdec.models.loader import load_model
     return load_model("smollm2-135m-instruct", progress=False)
+
+
+@pytest.fixture(scope="session")
+def qwen15_loaded():
+    from specdec.models.loader import load_model
+    return load_model("qwen2.5-coder-1.5b-instruct", progress=False)

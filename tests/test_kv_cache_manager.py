@@ -516,22 +516,28 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def append(self, data):
-        """A decode/verify step: compute some tokens, then commit a prefix of everything computed."""
         rid = self.pick(data)
-        if rid is None:
-            return
-        new = data.draw(self.new_st, label="new")
-        if self._allocate(rid, new):
-            c = data.draw(st.integers(self.committed[rid], len(self.tokens[rid])), label="commit")
-            self._commit(rid, c)
+        if rid is not None:
+            self._append(rid, data)
 
     @rule(data=st.data())
     def speculate(self, data):
+        rid = self.pick(data)
+        if rid is not None:
+            self._speculate(rid, data)
+
+    def _append(self, rid: str, data) -> None:
+        """A decode/verify step: compute some tokens, then commit a prefix of everything computed."""
+        if self._allocate(rid, data.draw(self.new_st, label="new")):
+            self._accept(rid, data)
+
+    def _accept(self, rid: str, data) -> None:
+        """Verification: commit some more of the tokens already computed (drafts included)."""
+        self._commit(rid, data.draw(st.integers(self.committed[rid], len(self.tokens[rid])), label="commit"))
+
+    def _speculate(self, rid: str, data) -> None:
         """A draft step: reject some of the earlier unverified tokens, give k new drafts a slot, then
         reject a random number of those."""
-        rid = self.pick(data)
-        if rid is None:
-            return
         if self.m.block_hashes[rid] and data.draw(st.booleans(), label="try too far"):
             self._refused_rollback(rid)
         uncommitted = len(self.tokens[rid]) - self.committed[rid]
@@ -648,21 +654,48 @@ class KVCacheMachine(RuleBasedStateMachine):
         pool.check_invariants()
 
 
+_ops = st.sampled_from(["append", "speculate", "accept"])
+
+
 @settings(max_examples=200, deadline=None)
-@given(data=st.data(), block_size=st.integers(2, 4), steps=st.lists(
-    st.sampled_from(["append", "speculate", "free", "add_request"]), min_size=2, max_size=8))
-def test_forked_siblings_diverge_safely(data, block_size, steps):
-    """The same model, focused on one fork: a request with unverified drafts forks, then the
-    siblings go their own ways (one commits the drafts and finishes, the other rejects them ...)."""
+@given(data=st.data(), block_size=st.integers(2, 4), caching=st.booleans(),
+       prompt_len=st.integers(1, 9), num_drafts=st.integers(1, 6),
+       together=st.lists(st.tuples(st.booleans(), _ops), max_size=3),
+       finisher=st.sampled_from(["parent", "child"]), alone=st.lists(_ops, min_size=1, max_size=4))
+def test_forked_siblings_diverge_safely(data, block_size, caching, prompt_len, num_drafts, together,
+                                        finisher, alone):
+    """The state machine's model, focused on one fork: a request with unverified drafts forks, the
+    siblings take a few steps each, one finishes, the other goes on alone (rejecting drafts its
+    sibling accepted, writing others ...). Neither may see the other's tokens, and the prefix
+    cache must never serve a block that was written after it was hashed."""
     machine = KVCacheMachine()
+    machine.caching = caching
     machine.setup(num_blocks=16, block_size=block_size, vocab=2)
-    machine.add_request(data)
-    machine.speculate(data)
-    machine.fork(data)
-    for name in steps:
-        getattr(machine, name)(data)
+    machine._allocate("parent", [0] * prompt_len)
+    machine.committed["parent"] = 0
+    machine._commit("parent", prompt_len)
+    machine._allocate("parent", [1] * num_drafts)  # drafts, not verified yet
+    machine.m.fork("parent", "child")
+    machine.tokens["child"] = list(machine.tokens["parent"])
+    machine.committed["child"] = prompt_len
+
+    def do(rid, op):
+        getattr(machine, "_" + op)(rid, data)
         machine.bookkeeping()
         machine.memory_is_consistent()
+
+    for child, op in together:
+        do("child" if child else "parent", op)
+    machine._accept(finisher, data)
+    machine._free(finisher)
+    machine.bookkeeping()
+    machine.memory_is_consistent()
+    survivor = "child" if finisher == "parent" else "parent"
+    for op in alone:
+        do(survivor, op)
+    machine.add_request(data)  # a new prompt, maybe hitting the finisher's cached blocks
+    machine.bookkeeping()
+    machine.memory_is_consistent()
     machine.teardown()
 
 

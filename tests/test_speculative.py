@@ -166,11 +166,11 @@ def test_controller_heuristic_moves_k():
 
 def test_cost_model_stops_speculating_when_it_does_not_pay():
     c = SpecController(SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, reprobe_interval=100))
-    for rows in range(1, 9):
-        c.record_verify(rows, 0.1 * rows)   # verification grows linearly: no free scoring
-    c.record_draft(1, 0.08)               # and drafting is nearly as dear as the target
+    for rows in (4, 8, 12):
+        c.record_verify(rows, 0.1 * rows)   # verification grows with every scored row
+    c.record_draft(1, 0.1)
     for _ in range(20):
-        c.observe("r", 4, 1)
+        c.observe("r", 4, 0)              # and the drafts are (almost) never accepted
     assert c.next_k("r", 5, 1) == 0
     c2 = SpecController(SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0))
     for rows in range(1, 9):
