@@ -703,8 +703,8 @@ class KVCacheMachineNoCaching(KVCacheMachine):
     caching = False
 
 
-_settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestKVCacheStateful = KVCacheMachine.TestCase
-TestKVCacheStateful.settings = _settings
+TestKVCacheStateful.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+# caching off is the simpler case (and test_forked_siblings_diverge_safely covers it too): fewer runs
 TestKVCacheStatefulNoCaching = KVCacheMachineNoCaching.TestCase
-TestKVCacheStatefulNoCaching.settings = _settings
+TestKVCacheStatefulNoCaching.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)

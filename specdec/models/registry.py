@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -77,11 +78,17 @@ def _part_paths(entry: RegistryEntry) -> list[Path]:
     importlib.invalidate_caches()
     paths = []
     for mod_name in entry.modules:
-        mod = importlib.import_module(mod_name)
         if entry.file_in_module:
-            paths.append(Path(mod.__file__).parent / entry.file_in_module)  # type: ignore[arg-type]
+            # locate without importing: such a package's __init__ may import its (uninstalled) dependencies
+            spec = importlib.util.find_spec(mod_name)
+            if spec is None or not spec.submodule_search_locations:
+                raise ImportError(f"package {mod_name} is not installed")
+            path = Path(list(spec.submodule_search_locations)[0]) / entry.file_in_module
+            if not path.is_file():
+                raise FileNotFoundError(path)
+            paths.append(path)
         else:
-            paths.append(Path(mod.get_part_path()))
+            paths.append(Path(importlib.import_module(mod_name).get_part_path()))
     return paths
 
 
