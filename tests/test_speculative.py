@@ -186,3 +186,18 @@ def test_long_output_guard_interleaves_plain_steps():
                                          plain_interval_steps=2))
     assert c.next_k("r", 5, 1) == 3
     assert [c.next_k("r", 20, 1) for _ in range(6)] == [3, 0, 0, 3, 0, 0]
+
+
+def test_vocabulary_check():
+    from specdec.spec.draft_model import check_same_vocabulary
+    target = ["a", "b", "c", "[PAD0]", "[PAD1]"]
+    assert check_same_vocabulary(target, ["a", "b", "c"], "t", "d") == 3  # padded differently: fine
+    with pytest.raises(ValueError, match="different vocabularies"):
+        check_same_vocabulary(target, ["a", "x", "c"], "t", "d")
+
+
+def test_mismatched_draft_is_refused_at_start(tiny_qwen, tmp_path, smollm_loaded):
+    cfg = engine_config(str(tiny_qwen))
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model="smollm2-135m-instruct")
+    with pytest.raises(ValueError, match="different vocabularies"):
+        LLM(config=cfg, progress=False, draft_loaded=smollm_loaded)
