@@ -34,17 +34,29 @@ def test_weight_cache_second_load_is_a_mapped_hit(home, tiny_qwen):
 
 
 def test_dequantized_values_match_gguf(home, tiny_llama):
+    """Every tensor, of every type the tiny file uses (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0), lands
+    in our fused layout with exactly gguf's dequantized values."""
+    from specdec.models.gguf_loader import _gguf_sources, _unpermute
     loaded = load_model(str(tiny_llama), progress=False)
-    reader = gguf.GGUFReader(tiny_llama)
-    t = {x.name: x for x in reader.tensors}
-    down = gguf.quants.dequantize(t["blk.1.ffn_down.weight"].data, t["blk.1.ffn_down.weight"].tensor_type)
-    assert np.array_equal(loaded.weights["layers.1.down"].numpy(), down.reshape(loaded.weights["layers.1.down"].shape))
-    # llama files: Q rows come back to rotate-half order (llama.cpp interleaves them)
-    q = gguf.quants.dequantize(t["blk.0.attn_q.weight"].data, t["blk.0.attn_q.weight"].tensor_type)
     cfg = loaded.config
-    d = cfg.head_dim
-    ours = loaded.weights["layers.0.qkv"][: cfg.num_heads * d].numpy()
-    assert np.array_equal(ours[0], q[0]) and np.array_equal(ours[d // 2], q[1])
+    tensors = {t.name: t for t in gguf.GGUFReader(tiny_llama).tensors}
+    assert {t.tensor_type.name for t in tensors.values()} >= {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0"}
+    for ours, sources in _gguf_sources(cfg).items():
+        if ours not in loaded.weights:
+            continue
+        row = 0
+        for src in sources:
+            t = tensors[src]
+            ref = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(int(s) for s in reversed(t.shape)))
+            if src.endswith(("attn_q.weight", "attn_k.weight")):  # llama: back to rotate-half order
+                ref = _unpermute(ref, cfg.num_heads if "attn_q" in src else cfg.num_kv_heads)
+            got = loaded.weights[ours][row:row + ref.shape[0]].numpy()
+            assert np.array_equal(got, ref.astype(np.float32)), (ours, src)
+            row += ref.shape[0]
+        assert row == loaded.weights[ours].shape[0], ours
+    # the permutation really moves rows: GGUF row 1 of head 0 is our row head_dim/2
+    q = gguf.quants.dequantize(tensors["blk.0.attn_q.weight"].data, tensors["blk.0.attn_q.weight"].tensor_type)
+    assert np.array_equal(loaded.weights["layers.0.qkv"][cfg.head_dim // 2].numpy(), q.reshape(-1, cfg.hidden_size)[1])
 
 
 def test_truncated_gguf_is_a_clear_error(home, tiny_qwen, tmp_path):
@@ -137,3 +149,61 @@ def test_warm_load_is_fast(qwen05_loaded):
     assert again.cache_hit
     print(f"warm load of the 0.5B: {warm:.2f}s")
     assert warm < 10.0
+
+
+def test_hugging_face_folder_loads_the_same_model(home, tiny_qwen, tmp_path):
+    """A folder with config.json, *.safetensors and tokenizer.json works as a model."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from specdec.llm import LLM
+    from specdec.sampling_params import SamplingParams
+
+    src = load_model(str(tiny_qwen), progress=False)
+    cfg, w = src.config, src.weights
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    hf = {"model.embed_tokens.weight": w["embed"], "model.norm.weight": w["norm"], "lm_head.weight": w["lm_head"]}
+    for n in range(cfg.num_layers):
+        a, p = f"model.layers.{n}.", f"layers.{n}."
+        for name, part in zip("qkv", w[p + "qkv"].split([q, kv, kv])):
+            hf[a + f"self_attn.{name}_proj.weight"] = part
+        for name, part in zip("qkv", w[p + "qkv_bias"].split([q, kv, kv])):
+            hf[a + f"self_attn.{name}_proj.bias"] = part
+        hf[a + "self_attn.o_proj.weight"] = w[p + "o"]
+        gate, up = w[p + "gate_up"].chunk(2)
+        hf[a + "mlp.gate_proj.weight"], hf[a + "mlp.up_proj.weight"] = gate, up
+        hf[a + "mlp.down_proj.weight"] = w[p + "down"]
+        hf[a + "input_layernorm.weight"] = w[p + "input_norm"]
+        hf[a + "post_attention_layernorm.weight"] = w[p + "post_norm"]
+    folder = tmp_path / "hf-model"
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in hf.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position}))
+    (folder / "tokenizer.json").write_text(src.tokenizer._tok.to_str())
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "add_bos_token": False,
+                                                              "chat_template": src.tokenizer.chat_template}))
+    loaded = load_model(str(folder), progress=False)
+    assert loaded.config == cfg
+    assert loaded.weights.keys() == w.keys() and all(np.array_equal(loaded.weights[k], w[k]) for k in w)
+    text = "hello there, the cat"
+    assert loaded.tokenizer.encode(text) == src.tokenizer.encode(text)
+    out = LLM(model=str(folder), progress=False).generate([text], SamplingParams(max_tokens=5, ignore_eos=True))[0]
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+
+
+def test_hugging_face_folder_unknown_architecture(home, tmp_path):
+    import json
+    folder = tmp_path / "gemma"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gemma3"}))
+    (folder / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelFileError, match="unknown architecture .gemma3."):
+        load_model(str(folder), progress=False)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ModelFileError, match="not a readable safetensors"):
+        load_model(str(folder), progress=False)

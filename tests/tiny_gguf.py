@@ -63,6 +63,9 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
     w.add_chat_template(CHAT_TEMPLATE)
 
     head_dim = hidden // num_heads
+    Q = gguf.GGMLQuantizationType
+    kinds = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.F16, Q.BF16]  # cycled over the matrices: every loader path
+    counter = [0]
 
     def add(name: str, shape: tuple[int, ...], scale: float, quant: bool = True) -> None:
         arr = (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -70,8 +73,12 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
             raw = np.zeros((shape[0], shape[1] // 32 * 18), dtype=np.uint8)
             w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
         elif quantized and quant and len(shape) == 2 and shape[1] % 32 == 0:
-            q = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
+            q = kinds[counter[0] % len(kinds)]
+            counter[0] += 1
+            if q == Q.F16:
+                w.add_tensor(name, arr.astype(np.float16))
+            else:
+                w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
         else:
             w.add_tensor(name, arr)
 

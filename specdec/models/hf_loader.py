@@ -13,11 +13,16 @@ from specdec.models.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, param_sha
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2"}
 
 
-def config_from_hf(raw: dict, tensor_names: set[str]) -> LlamaConfig:
+def _architecture(raw: dict) -> str:
     arch = _MODEL_TYPES.get(raw.get("model_type", ""))
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelFileError(f"unknown architecture {raw.get('model_type')!r}: specdec runs "
                              f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    return arch
+
+
+def config_from_hf(raw: dict, tensor_names: set[str]) -> LlamaConfig:
+    arch = _architecture(raw)
     heads = raw["num_attention_heads"]
     return LlamaConfig(
         architecture=arch, vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
@@ -35,12 +40,23 @@ def load_hf_folder(path: Path, dtype: torch.dtype, device: str) -> tuple[LlamaCo
     files = sorted(path.glob("*.safetensors"))
     if not (path / "config.json").is_file() or not files:
         raise ModelFileError(f"{path}: a model folder needs config.json and *.safetensors")
+    try:
+        raw_config = json.loads((path / "config.json").read_text())
+    except ValueError as e:
+        raise ModelFileError(f"{path / 'config.json'} is not valid JSON: {e}") from e
+    _architecture(raw_config)  # an unknown architecture fails before any weight is read
     raw: dict[str, torch.Tensor] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as st:
-            for k in st.keys():
-                raw[k] = st.get_tensor(k)
-    cfg = config_from_hf(json.loads((path / "config.json").read_text()), set(raw))
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for k in st.keys():
+                    raw[k] = st.get_tensor(k)
+        except Exception as e:  # the safetensors library raises its own error types on bad files
+            raise ModelFileError(f"{f} is not a readable safetensors file (truncated or corrupt?): {e}") from e
+    try:
+        cfg = config_from_hf(raw_config, set(raw))
+    except KeyError as e:
+        raise ModelFileError(f"{path / 'config.json'} lacks {e}") from e
 
     def get(name: str) -> torch.Tensor:
         if name not in raw:
