@@ -154,7 +154,8 @@ class LLMEngine:
             chunk.token_ids.extend(drafts)
             req.spec_token_ids = drafts
             req.spec.draft_seconds += seconds
-            self._drafts[req.request_id] = DraftProposal(drafts, None if prop.probs is None else prop.probs[: len(drafts)])
+            probs = None if prop.probs is None else prop.probs[: len(drafts)]
+            self._drafts[req.request_id] = DraftProposal(drafts, probs)
 
     def _update(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
         sampled = [(i, c) for i, c in enumerate(sched.chunks) if c.num_logits]

@@ -36,7 +36,8 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None, batch: bool = True) -> list[RequestOutput]:
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 batch: bool = True) -> list[RequestOutput]:
         """Generate for each prompt; outputs in input order.
 
         batch=True submits every prompt at once (continuous batching); batch=False runs them one

@@ -1,8 +1,9 @@
 """Scheduler: continuous batching under a token budget, FCFS.
 
 One rule covers prefill, chunked prefill, plain decode and verification alike: each step moves a
-request's `num_computed_tokens` toward `num_tokens + num_spec_tokens` within the token budget (num_spec_tokens: the drafts planned for
-this step; the proposer fills them in after scheduling, for exactly the slots scheduled).
+request's `num_computed_tokens` toward `num_tokens + num_spec_tokens` within the token budget
+(num_spec_tokens: the drafts planned for this step; the proposer fills them in after scheduling,
+for exactly the slots scheduled).
 Running requests are served first (oldest first); waiting ones are admitted while budget, batch
 size and KV blocks allow. When blocks run out a running request is preempted by recompute,
 youngest first, and goes back to the front of the queue.

@@ -55,7 +55,8 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     if pre in ("gpt-2", "default"):
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    raise ModelFileError(f"unsupported tokenizer.ggml.pre {pre!r} (supported: qwen2, smollm, llama-bpe, gpt-2, default)")
+    raise ModelFileError(f"unsupported tokenizer.ggml.pre {pre!r} "
+                         "(supported: qwen2, smollm, llama-bpe, gpt-2, default)")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
