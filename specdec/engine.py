@@ -24,7 +24,7 @@ from specdec.request import Request, RequestOutput, RequestStats, RequestStatus
 from specdec.runner.model_runner import ModelRunner
 from specdec.sample.logits_processors import process_logits
 from specdec.sample.rejection_sampler import rejection_sample
-from specdec.sample.sampler import make_generator, random_inputs, top_logprobs
+from specdec.sample.sampler import fill_random_inputs, make_generator, top_logprobs
 from specdec.sampling_params import SamplingParams
 from specdec.spec.controller import SpecController
 from specdec.spec.proposer import DraftProposal, Proposer
@@ -211,8 +211,7 @@ class LLMEngine:
                 else:
                     draft_probs[r, :k, : q.shape[-1]] = q
             greedy[r] = p.greedy
-            uniforms[r], noise[r] = random_inputs(None if p.greedy else self._generators[req.request_id],
-                                                  k, max_k, vocab)
+            fill_random_inputs(None if p.greedy else self._generators[req.request_id], k, uniforms[r], noise[r])
         out_ids, num_accepted = rejection_sample(draft_ids, num_draft, draft_probs, target, greedy, uniforms, noise)
         tokens = [out_ids[r, : int(num_accepted[r]) + 1].tolist() for r in range(n)]
         return tokens, num_accepted.tolist()

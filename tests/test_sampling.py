@@ -8,7 +8,7 @@ import torch
 
 from specdec.sample.logits_processors import apply_penalties, apply_top_k_top_p_min_p, process_logits
 from specdec.sample.rejection_sampler import rejection_sample
-from specdec.sample.sampler import make_generator, random_inputs, top_logprobs
+from specdec.sample.sampler import fill_random_inputs, make_generator, top_logprobs
 from specdec.sampling_params import SamplingParams
 
 
@@ -69,7 +69,8 @@ def test_penalties():
 def sample_token(processed: torch.Tensor, p: SamplingParams, g: torch.Generator) -> int:
     """Plain decoding is rejection sampling with no drafts."""
     vocab = processed.shape[-1]
-    uniforms, noise = random_inputs(None if p.greedy else g, 0, 0, vocab)
+    uniforms, noise = torch.zeros(0), torch.ones(1, vocab)
+    fill_random_inputs(None if p.greedy else g, 0, uniforms, noise)
     out, _ = rejection_sample(torch.full((1, 0), -1), torch.zeros(1, dtype=torch.long), None,
                               processed.view(1, 1, vocab), torch.tensor([p.greedy]), uniforms[None], noise[None])
     return int(out[0, 0])

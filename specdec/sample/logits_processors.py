@@ -33,8 +33,9 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, params: SamplingParams) -> tor
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = (cum - sorted_logits.softmax(-1)) >= params.top_p  # keep the smallest set reaching top_p
+        sorted_probs = sorted_logits.softmax(-1)
+        # keep the smallest set reaching top_p: drop a token once the mass before it already does
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
         drop = torch.zeros_like(drop_sorted).scatter_(0, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     if params.min_p > 0.0:

@@ -18,16 +18,14 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return g
 
 
-def random_inputs(generator: torch.Generator | None, num_drafts: int, max_k: int,
-                  vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """uniforms [max_k] and exponential noise [max_k + 1, vocab]; greedy requests pass None and get
-    constants (they draw nothing, so their generator is untouched)."""
-    uniforms = torch.zeros(max_k)
-    noise = torch.ones(max_k + 1, vocab_size)
+def fill_random_inputs(generator: torch.Generator | None, num_drafts: int, uniforms: torch.Tensor,
+                       noise: torch.Tensor) -> None:
+    """Draw one request's randomness in place: uniforms [max_k] for the first num_drafts positions
+    and Exp(1) noise [max_k + 1, vocab] for the first num_drafts + 1. Greedy requests pass None and
+    keep the constants they were given (they draw nothing, so their generator is untouched)."""
     if generator is not None:
         uniforms[:num_drafts] = torch.rand(num_drafts, generator=generator)
         noise[: num_drafts + 1].exponential_(generator=generator)
-    return uniforms, noise
 
 
 def top_logprobs(raw_logits: torch.Tensor, token_id: int, n: int) -> dict[int, float]:
