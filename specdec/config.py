@@ -56,12 +56,15 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512  # token budget of one step (prefill chunks + decode tokens)
     max_batch_size: int = 32           # running requests
     long_prefill_token_threshold: int = 0  # >0: cap on one request's prefill chunk per step
+    max_queued_requests: int = 256    # waiting requests; one more is refused (HTTP 429)
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
 
@@ -83,10 +86,13 @@ class SpeculativeConfig:
     health_window: int = 8                 # drafting steps in the rolling window
     reprobe_interval: int = 16             # plain steps between re-probes after a fallback
     reprobe_k: int = 2
-    ema_alpha: float = 0.3                 # weight of the newest observation in acceptance/cost EMAs
+    ema_alpha: float = 0.3                 # weight of the newest timing in the cost EMAs
+    acceptance_decay: float = 0.85         # per-request acceptance counts: weight kept per observation
+    prior_strength: float = 2.0            # pseudo-observations of the engine-wide acceptance prior
     deterministic: bool = False            # cost model decides from acceptance counts and static costs only
     draft_cost_ratio: float = 0.4          # static t_draft / t_target (deterministic mode, and the prior)
     verify_cost_slope: float = 0.05        # static extra cost of each scored token beyond one
+    prefill_cost_ratio: float = 0.1        # static cost of one prompt token in a prefill, per target step
     plain_interval_after: int | None = None  # long-output guard: after this many tokens ...
     plain_interval_steps: int = 0            # ... this many plain steps between speculation rounds
 
@@ -103,6 +109,10 @@ class SpeculativeConfig:
             raise ValueError("acceptance_threshold must be in [0, 1]")
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ValueError("ema_alpha must be in (0, 1]")
+        if not 0.0 < self.acceptance_decay <= 1.0:
+            raise ValueError("acceptance_decay must be in (0, 1]")
+        if self.prior_strength <= 0:
+            raise ValueError("prior_strength must be > 0")
         for name in ("health_window", "reprobe_interval", "reprobe_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -120,6 +130,26 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None  # None: plain decoding
 
 
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"          # loopback unless told otherwise
+    port: int = 8000
+    api_key: str | None = None       # None: no auth (also read from $SPECDEC_API_KEY by the CLI)
+    max_body_bytes: int = 1 << 20    # larger request bodies get 413
+    max_n: int = 4                   # choices per request
+    served_model_name: str | None = None  # the name /v1/models reports (default: the target's)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"server.port must be in [0, 65535], got {self.port}")
+        if self.max_body_bytes < 1024:
+            raise ValueError("server.max_body_bytes must be >= 1024")
+        if self.max_n < 1:
+            raise ValueError("server.max_n must be >= 1")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("server.api_key must be non-empty (or null for no auth)")
+
+
 # YAML: execution_config keys -> (section, field)
 _EXECUTION_KEYS = {
     "target_model": ("model", "model"),
@@ -130,37 +160,66 @@ _EXECUTION_KEYS = {
     "max_batch_size": ("scheduler", "max_batch_size"),
     "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
     "long_prefill_token_threshold": ("scheduler", "long_prefill_token_threshold"),
+    "max_queued_requests": ("scheduler", "max_queued_requests"),
+    "draft_model": ("spec", "draft_model"),
+    "speculation_length": ("spec", "num_speculative_tokens"),
 }
+_SPEC_FIXED = {"method", "draft_model", "num_speculative_tokens"}  # set through execution_config
 
 
-def load_yaml_config(path: str | Path) -> tuple[EngineConfig, dict[str, Any]]:
-    """Read `execution_config` from a YAML file into an EngineConfig.
+def _take(section: dict[str, Any], allowed: set[str], where: str, path: str | Path) -> dict[str, Any]:
+    if not isinstance(section, dict):
+        raise ValueError(f"{path}: {where} must be a mapping")
+    for key in section:
+        if key not in allowed:
+            raise ValueError(f"{path}: unknown key {where}.{key}")
+    return dict(section)
 
-    Returns the config and the remaining top-level sections (for later consumers such as the server).
-    Unknown keys are an error naming the key.
+
+def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig]:
+    """Read a YAML config: `execution_config` (the schema: target_model, draft_model,
+    speculation_length, max_batch_size, precision, cache_config.{draft,target}_cache_blocks, ...),
+    plus optional `speculative` (policy and controller knobs) and `server` sections.
+
+    draft_model: a registry name or path (draft-model speculation), "ngram" (prompt lookup), or
+    null / "none" (plain decoding). Unknown keys are an error naming the key.
     """
     import yaml
 
-    with open(path) as f:
-        doc = yaml.safe_load(f) or {}
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: top level must be a mapping")
-    exe = dict(doc.pop("execution_config", {}) or {})
-    sections: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}}
-    cache = exe.pop("cache_config", {}) or {}
-    cache_names = {f.name for f in fields(CacheConfig)}
-    for key, value in cache.items():
-        if key not in cache_names:
-            raise ValueError(f"{path}: unknown key execution_config.cache_config.{key}")
-        sections["cache"][key] = value
+    doc = _take(doc, {"execution_config", "speculative", "server"}, "top level", path)
+    exe = _take(doc.get("execution_config") or {}, set(_EXECUTION_KEYS) | {"cache_config"}, "execution_config", path)
+    sections: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}, "spec": {}}
+    sections["cache"] = _take(exe.pop("cache_config", None) or {}, {f.name for f in fields(CacheConfig)},
+                              "execution_config.cache_config", path)
     for key, value in exe.items():
-        if key not in _EXECUTION_KEYS:
-            raise ValueError(f"{path}: unknown key execution_config.{key}")
         section, name = _EXECUTION_KEYS[key]
         sections[section][name] = value
-    config = EngineConfig(
-        model=ModelConfig(**sections["model"]),
-        cache=CacheConfig(**sections["cache"]),
-        scheduler=SchedulerConfig(**sections["scheduler"]),
-    )
-    return config, doc
+    spec_knobs = _take(doc.get("speculative") or {}, {f.name for f in fields(SpeculativeConfig)} - _SPEC_FIXED,
+                       "speculative", path)
+    server = _take(doc.get("server") or {}, {f.name for f in fields(ServerConfig)}, "server", path)
+    spec = sections["spec"]
+    draft = spec.get("draft_model", "default")
+    if draft == "default":  # as the CLI: the registry's draft for a registry target, else n-gram
+        from specdec.models.registry import REGISTRY
+        entry = REGISTRY.get(sections["model"].get("model", DEFAULT_TARGET))
+        draft = entry.default_draft if entry and entry.default_draft else "ngram"
+    speculative = None
+    if draft not in (None, "none"):
+        if not isinstance(draft, str):
+            raise ValueError(f"{path}: execution_config.draft_model must be a string or null")
+        method = "ngram" if draft == "ngram" else "draft_model"
+        speculative = SpeculativeConfig(method=method, draft_model=None if draft == "ngram" else draft,
+                                        **{k: v for k, v in spec.items() if k != "draft_model"}, **spec_knobs)
+    try:
+        config = EngineConfig(model=ModelConfig(**sections["model"]), cache=CacheConfig(**sections["cache"]),
+                              scheduler=SchedulerConfig(**sections["scheduler"]), speculative=speculative)
+        return config, ServerConfig(**server)
+    except TypeError as e:  # a wrongly typed value deep inside a dataclass check
+        raise ValueError(f"{path}: {e}") from e

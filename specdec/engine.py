@@ -20,7 +20,7 @@ from specdec.metrics import EngineCounters
 from specdec.models.llama import LlamaModel
 from specdec.models.loader import LoadedModel, load_model
 from specdec.output_processor import OutputProcessor
-from specdec.request import Request, RequestOutput, RequestStats, RequestStatus
+from specdec.request import Request, RequestOutput, RequestStats, RequestStatus, SpecOptions
 from specdec.runner.model_runner import ModelRunner
 from specdec.sample.logits_processors import process_logits
 from specdec.sample.rejection_sampler import rejection_sample
@@ -51,12 +51,17 @@ class LLMEngine:
                                   self.tokenizer.never_sample_ids, self.tokenizer.vocab_size)
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
         self.counters = EngineCounters()
-        self.proposer: Proposer | None = None
-        self.controller: SpecController | None = None
+        # every loaded proposer by method (the configured one first); each has its own controller
+        self.proposers: dict[str, Proposer] = {}
+        self.controllers: dict[str, SpecController] = {}
+        self.default_method: str | None = None
         if config.speculative is not None:
-            from specdec.spec.factory import build_proposer
-            self.proposer = build_proposer(config, self.loaded, draft_loaded, self.max_model_len, progress)
-            self.controller = SpecController(config.speculative)
+            from specdec.spec.factory import build_proposers
+            self.proposers = build_proposers(config, self.loaded, draft_loaded, self.max_model_len, progress)
+            self.controllers = {m: SpecController(config.speculative) for m in self.proposers}
+            self.default_method = config.speculative.method
+            self.scheduler.draft_pools = {m: p.kv for m, p in self.proposers.items() if hasattr(p, "kv")}
+            self.scheduler.spec_reserve = config.speculative.num_speculative_tokens
         self.requests: dict[str, Request] = {}
         self._generators: dict[str, torch.Generator] = {}
         self._drafts: dict[str, DraftProposal] = {}
@@ -67,14 +72,21 @@ class LLMEngine:
         return self.config.model.precision
 
     @property
-    def method(self) -> str:
-        return self.proposer.method if self.proposer else "none"
+    def proposer(self) -> Proposer | None:
+        """The configured (default) proposer."""
+        return self.proposers.get(self.default_method) if self.default_method else None
+
+    @property
+    def controller(self) -> SpecController | None:
+        return self.controllers.get(self.default_method) if self.default_method else None
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> Request:
-        """Tokenize and queue a prompt. Raises ValueError (and queues nothing) on a bad request."""
+                    request_id: str | None = None, speculative: SpecOptions | None = None) -> Request:
+        """Tokenize and queue a prompt. Raises ValueError (and queues nothing) on a bad request,
+        QueueFull when the waiting queue is at its limit."""
         params = params or SamplingParams()
+        method = self._spec_method(speculative)
         if isinstance(prompt, str):
             ids, text = self.tokenizer.encode(prompt), prompt
         else:
@@ -85,12 +97,24 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
-        req = Request(request_id, text, ids, params)
+        req = Request(request_id, text, ids, params, spec_method=method,
+                      spec_max_k=speculative.max_k if speculative else None)
         self.scheduler.add_request(req)  # validates length and KV-pool fit
         self.requests[request_id] = req
         self.output_processor.add(req)
         self._generators[request_id] = make_generator(params.seed)
         return req
+
+    def _spec_method(self, opts: SpecOptions | None) -> str | None:
+        if opts is None:
+            return self.default_method
+        if not opts.enabled:
+            return None
+        method = opts.method or self.default_method
+        if method is not None and method not in self.proposers:
+            loaded = ", ".join(self.proposers) or "none"
+            raise ValueError(f"speculative method {method!r} is not loaded (loaded: {loaded})")
+        return method
 
     def abort(self, request_id: str) -> None:
         if self.scheduler.abort(request_id) is not None:
@@ -104,8 +128,8 @@ class LLMEngine:
         self._plan_speculation()
         sched = self.scheduler.schedule()
         for rid in sched.preempted_request_ids:
-            if self.proposer:
-                self.proposer.free(rid)
+            for proposer in self.proposers.values():
+                proposer.free(rid)
         if sched.is_empty:
             return []
         self._propose(sched)
@@ -113,37 +137,45 @@ class LLMEngine:
         return self._update(sched, out)
 
     def _plan_speculation(self) -> None:
-        if self.controller is None:
-            return
         batch = len(self.scheduler.running)
         for req in self.scheduler.running:
             req.num_spec_tokens = 0
-            if req.num_computed_tokens != req.num_tokens - 1:
-                continue  # still prefilling
-            room = min(req.params.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens) - 1
-            if room > 0:
-                k = self.controller.next_k(req.request_id, len(req.output_token_ids), batch)
-                req.num_spec_tokens = min(k, room)
+            method = req.spec_method
+            if method is None or req.num_computed_tokens != req.num_tokens - 1:
+                continue  # plain decoding, or still prefilling
+            remaining = min(req.params.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens)
+            if remaining > 1:
+                k = self.controllers[method].next_k(req.request_id, len(req.output_token_ids), batch, remaining,
+                                                    self.proposers[method].catch_up_tokens(req))
+                if req.spec_max_k is not None:
+                    k = min(k, req.spec_max_k)
+                req.num_spec_tokens = min(k, remaining - 1)
 
     def _propose(self, sched: SchedulerOutput) -> None:
-        chunks = [c for c in sched.chunks if c.num_drafts]
-        if not chunks:
-            return
+        by_method: dict[str, list[ScheduledChunk]] = {}
+        for c in sched.chunks:
+            if c.num_drafts:
+                by_method.setdefault(self.requests[c.request_id].spec_method, []).append(c)
+        for method, chunks in by_method.items():
+            self._propose_with(method, chunks, sched)
+
+    def _propose_with(self, method: str, chunks: list[ScheduledChunk], sched: SchedulerOutput) -> None:
+        proposer, controller = self.proposers[method], self.controllers[method]
         reqs = [self.requests[c.request_id] for c in chunks]
         try:
-            proposals = self.proposer.propose(reqs, [c.num_drafts for c in chunks])
+            proposals = proposer.propose(reqs, [c.num_drafts for c in chunks])
         except Exception:  # a proposer failure costs speed, never a request
-            log.exception("proposer %s failed; speculation disabled for %d request(s)", self.proposer.name, len(reqs))
+            log.exception("proposer %s failed; speculation disabled for %d request(s)", proposer.name, len(reqs))
             self.counters.proposer_errors += 1
             for r in reqs:
-                self.controller.disable(r.request_id)
-                self.proposer.free(r.request_id)
+                controller.disable(r.request_id)
+                proposer.free(r.request_id)
             proposals = [DraftProposal([]) for _ in reqs]
-        seconds = self.proposer.draft_seconds
-        for rows, forward_seconds in self.proposer.forward_costs:
-            self.controller.record_draft(rows, forward_seconds)
-        if not self.proposer.forward_costs:  # a model-free proposer: its wall time per draft step
-            self.controller.record_draft(len(reqs), seconds / max(c.num_drafts for c in chunks))
+        seconds = proposer.draft_seconds
+        for rows, forward_seconds in proposer.forward_costs:
+            controller.record_draft(rows, forward_seconds)
+        if not proposer.forward_costs:  # a model-free proposer: its wall time per draft step
+            controller.record_draft(len(reqs), seconds / max(c.num_drafts for c in chunks))
         for chunk, req, prop in zip(chunks, reqs, proposals):
             k = chunk.num_drafts
             drafts = prop.token_ids[:k]
@@ -160,8 +192,8 @@ class LLMEngine:
     def _update(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
         sampled = [(i, c) for i, c in enumerate(sched.chunks) if c.num_logits]
         tokens, accepted = self._sample(sampled, out) if sampled else ([], [])
-        if self.controller is not None and sampled:
-            self.controller.record_verify(sched.num_batched_tokens, out.forward_seconds)
+        for controller in self.controllers.values():
+            controller.record_verify(sched.num_batched_tokens, out.forward_seconds)
         emitted = dict(zip((i for i, _ in sampled), zip(tokens, accepted)))
         outputs = []
         for i, chunk in enumerate(sched.chunks):
@@ -225,10 +257,11 @@ class LLMEngine:
         now = time.perf_counter()
         req.first_token_time = req.first_token_time or now
         req.spec.verify_seconds += forward_seconds
+        proposer = self.proposers[req.spec_method] if req.spec_method else None
         if k:
             req.spec.record(k, num_accepted)
-            self.controller.observe(req.request_id, k, num_accepted)
-            self.counters.record_spec(self.proposer.name, k, num_accepted)
+            self.controllers[req.spec_method].observe(req.request_id, k, num_accepted)
+            self.counters.record_spec(proposer.name, k, num_accepted)
         status: RequestStatus | None = None
         for j, token in enumerate(new):
             req.output_token_ids.append(token)
@@ -251,12 +284,13 @@ class LLMEngine:
         if rejected:
             self.kv.rollback(req.request_id, rejected)
             req.num_computed_tokens -= rejected
-        if self.proposer is not None:
-            self.proposer.on_verified(req, k, num_accepted)
+        if proposer is not None:
+            proposer.on_verified(req, k, num_accepted)
 
     def _stats(self, req: Request) -> RequestStats:
-        return RequestStats.from_request(req, self.precision, self.method,
-                                         self.proposer.name if self.proposer else None)
+        method = req.spec_method
+        return RequestStats.from_request(req, self.precision, method or "none",
+                                         self.proposers[method].name if method else None)
 
     def _release(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
@@ -266,7 +300,7 @@ class LLMEngine:
         self.output_processor.free(request_id)
         self._generators.pop(request_id, None)
         self._drafts.pop(request_id, None)
-        if self.proposer is not None:
-            self.proposer.free(request_id)
-        if self.controller is not None:
-            self.controller.free(request_id)
+        for proposer in self.proposers.values():
+            proposer.free(request_id)
+        for controller in self.controllers.values():
+            controller.free(request_id)

@@ -29,6 +29,21 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass
+class SpecOptions:
+    """Per-request control of speculation (the server's `speculative` field)."""
+    enabled: bool = True
+    method: str | None = None    # "draft_model" | "ngram"; None: the engine's default
+    max_k: int | None = None     # caps the configured k for this request
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"speculative.enabled must be a boolean, got {self.enabled!r}")
+        if self.max_k is not None and (not isinstance(self.max_k, int) or isinstance(self.max_k, bool)
+                                       or self.max_k < 0):
+            raise ValueError(f"speculative.max_k must be a non-negative integer, got {self.max_k!r}")
+
+
+@dataclass
 class Request:
     request_id: str
     prompt: str | None
@@ -46,6 +61,8 @@ class Request:
     num_preemptions: int = 0
     logprobs: list[dict[int, float]] = field(default_factory=list)
     spec: SpecStats = field(default_factory=SpecStats)
+    spec_method: str | None = None   # the proposer drafting for this request; None: plain decoding
+    spec_max_k: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -118,6 +118,9 @@ class Boom:
     def propose(self, requests, num_tokens):
         raise RuntimeError("draft exploded")
 
+    def catch_up_tokens(self, request):
+        return 0
+
     def on_verified(self, request, num_drafted, num_accepted):
         pass
 
@@ -127,7 +130,7 @@ class Boom:
 
 def test_proposer_failure_never_fails_a_request(plain, tiny_qwen):
     llm = spec_llm(tiny_qwen, "ngram", k=3)
-    llm.engine.proposer = Boom()
+    llm.engine.proposers["ngram"] = Boom()
     params = SamplingParams(max_tokens=15, ignore_eos=True)
     assert tokens(llm, params) == tokens(plain, params)
     assert llm.engine.counters.proposer_errors >= 1
@@ -201,3 +204,68 @@ def test_mismatched_draft_is_refused_at_start(tiny_qwen, tmp_path, smollm_loaded
     cfg.speculative = SpeculativeConfig(method="draft_model", draft_model="smollm2-135m-instruct")
     with pytest.raises(ValueError, match="different vocabularies"):
         LLM(config=cfg, progress=False, draft_loaded=smollm_loaded)
+
+
+def test_draft_pool_prefix_cache_skips_the_second_prefill(plain, tiny_qwen, tiny_llama):
+    llm = spec_llm(tiny_qwen, draft=tiny_llama, k=3)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    prompt = PROMPTS[3] * 3  # several full blocks
+    first = llm.generate(prompt, params)[0].token_ids
+    proposer = llm.engine.proposer
+    req = llm.engine.add_request(prompt, params, request_id="again")
+    assert proposer.catch_up_tokens(req) < proposer.kv.block_size  # all full blocks of the prompt are cached
+    llm.engine.abort("again")
+    assert llm.generate(prompt, params)[0].token_ids == first == tokens(plain, params, [prompt])[0]
+    assert_all_free(llm)
+
+
+def test_cost_model_prior_and_smoothing():
+    c = SpecController(SpeculativeConfig(num_speculative_tokens=3, acceptance_threshold=0.0))
+    for _ in range(10):
+        c.observe("a", 3, 3)
+    assert min(c.acceptance("b")) > 0.85   # a new request starts from what the draft achieved so far
+    c.observe("a", 3, 0)
+    assert c.acceptance("a")[0] > 0.75     # one miss after a long run of hits moves the estimate little
+    for rows in range(1, 9):
+        c.record_verify(rows, 1.0)
+    c.record_draft(1, 0.2)
+    assert c.next_k("a", 10, 1, remaining=100) == 3
+
+
+def test_cost_model_weighs_the_drafts_catch_up_against_the_remaining_tokens():
+    c = SpecController(SpeculativeConfig(num_speculative_tokens=3, acceptance_threshold=0.0))
+    for rows in range(1, 9):
+        c.record_verify(rows, 1.0)          # one target step: 1 s for up to 8 tokens
+    c.record_draft(1, 0.2)
+    c.record_draft(512, 20.0)                # the draft prefills ~25 tokens/s
+    for _ in range(10):
+        c.observe("r", 3, 3)
+    # ~2.8 tokens per 1.6 s step saves ~0.43 s a token: 600 tokens of catch-up (~23 s) pay off only
+    # when enough tokens remain
+    assert c.next_k("r", 0, 1, remaining=20, catch_up=600) == 0
+    assert c.next_k("r", 0, 1, remaining=200, catch_up=600) == 3
+    assert c.next_k("r", 0, 1, remaining=20, catch_up=2) == 3
+
+
+def test_deterministic_cost_model_depends_on_counts_only():
+    cfg = SpeculativeConfig(num_speculative_tokens=4, deterministic=True, acceptance_threshold=0.0)
+    a, b = SpecController(cfg), SpecController(cfg)
+    a.record_verify(4, 0.1)
+    b.record_verify(4, 9.0)
+    b.record_draft(1, 5.0)
+    for c in (a, b):
+        for accepted in (4, 2, 3, 0, 4):
+            c.observe("r", 4, accepted)
+    assert [a.next_k("r", 5, 1, 50, 0) for _ in range(5)] == [b.next_k("r", 5, 1, 50, 0) for _ in range(5)]
+
+
+def test_cost_model_backs_off_when_the_batch_is_large():
+    c = SpecController(SpeculativeConfig(num_speculative_tokens=3, acceptance_threshold=0.0))
+    for rows in range(1, 65):
+        c.record_verify(rows, 0.1 * max(1.0, rows / 8))  # flat up to 8 rows, then linear in rows
+    for rows in range(1, 17):
+        c.record_draft(rows, 0.02 * max(1.0, rows / 8))
+    for _ in range(10):
+        c.observe("r", 3, 2)
+    assert c.next_k("r", 5, 1, remaining=100) > 0    # alone: verification of 4 tokens costs one step
+    assert c.next_k("r", 5, 16, remaining=100) == 0  # 16 requests x 4 tokens: verification is not free

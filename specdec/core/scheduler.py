@@ -5,8 +5,11 @@ request's `num_computed_tokens` toward `num_tokens + num_spec_tokens` within the
 (num_spec_tokens: the drafts planned for this step; the proposer fills them in after scheduling,
 for exactly the slots scheduled).
 Running requests are served first (oldest first); waiting ones are admitted while budget, batch
-size and KV blocks allow. When blocks run out a running request is preempted by recompute,
-youngest first, and goes back to the front of the queue.
+size and KV blocks allow: room for the prompt plus the k speculative slots in the target pool, and
+room for the prompt in the draft pool of the request's proposer (two-pool admission). When target
+blocks run out, a running request first gives up its speculative slots for the step; if that is not
+enough, a running request is preempted by recompute, youngest first, and goes back to the front of
+the queue. A request that can never fit is refused at add_request; a full queue raises QueueFull.
 """
 from __future__ import annotations
 
@@ -16,6 +19,10 @@ from specdec.config import CacheConfig, SchedulerConfig
 from specdec.core.kv_cache_manager import KVCacheManager, cdiv
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.request import Request, RequestStatus
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at max_queued_requests: try again later (HTTP 429)."""
 
 
 class Scheduler:
@@ -28,11 +35,15 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.draft_pools: dict[str, KVCacheManager] = {}  # method -> the proposer's KV pool
+        self.spec_reserve = 0                             # k: target slots kept free for drafts
 
     # ---- admission ----------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         """Queue a request, refusing one that could never fit the context or the KV pool."""
         n = req.num_prompt_tokens
+        if len(self.waiting) >= self.config.max_queued_requests:
+            raise QueueFull(f"the waiting queue is full ({self.config.max_queued_requests} requests)")
         if n == 0:
             raise ValueError("prompt is empty")
         if n >= self.max_model_len:
@@ -42,6 +53,11 @@ class Scheduler:
         if cdiv(worst, self.kv.block_size) > self.kv.num_blocks:
             raise ValueError(f"request needs up to {cdiv(worst, self.kv.block_size)} KV blocks; the pool "
                              f"has {self.kv.num_blocks} (raise cache blocks or lower max_tokens)")
+        pool = self.draft_pools.get(req.spec_method or "")
+        if pool is not None and cdiv(worst, pool.block_size) > pool.num_blocks:
+            raise ValueError(f"request needs up to {cdiv(worst, pool.block_size)} draft KV blocks; the draft "
+                             f"pool has {pool.num_blocks} (raise draft_cache_blocks, lower max_tokens, or "
+                             "disable speculation for it)")
         self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
@@ -60,6 +76,9 @@ class Scheduler:
             if req not in self.running:  # preempted below by an older request
                 continue
             num_new = self._num_new_tokens(req, budget)
+            if req.num_spec_tokens and not self.kv.can_allocate(req.request_id, num_new):
+                req.num_spec_tokens = 0  # drafts are optional: drop them before evicting anyone
+                num_new = self._num_new_tokens(req, budget)
             while not self.kv.can_allocate(req.request_id, num_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -81,7 +100,7 @@ class Scheduler:
             num_cached = len(cached) * self.kv.block_size
             req.num_computed_tokens = num_cached
             num_new = self._num_new_tokens(req, budget)
-            if not self.kv.can_allocate(req.request_id, num_new, cached):
+            if not self._can_admit(req, num_new, cached):
                 req.num_computed_tokens = 0
                 break
             self.waiting.popleft()
@@ -98,6 +117,20 @@ class Scheduler:
             block_copies=self.kv.take_pending_copies(),
             preempted_request_ids=preempted,
         )
+
+    def _can_admit(self, req: Request, num_new: int, cached: list[int]) -> bool:
+        """Target room for this chunk, plus k speculative slots once the prompt is done; and draft
+        room for the whole prompt (the draft catches up on it before its first draft)."""
+        done = num_new == req.num_tokens - req.num_computed_tokens
+        reserve = self.spec_reserve if req.spec_method and done else 0
+        if not self.kv.can_allocate(req.request_id, num_new + reserve, cached):
+            return False
+        pool = self.draft_pools.get(req.spec_method or "")
+        if pool is None or req.request_id in pool.block_tables:
+            return True
+        draft_cached = pool.find_cached_prefix(req.all_token_ids)
+        return pool.can_allocate(req.request_id, req.num_tokens - len(draft_cached) * pool.block_size + reserve,
+                                 draft_cached)
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         target = req.num_tokens + req.num_spec_tokens

@@ -7,11 +7,19 @@ Policies (SpeculativeConfig.policy):
     from Transformers via Speculative Decoding", section 3.4),
         S(k) = E[tokens | k] / (k * t_draft + t_verify(k + 1)),
         E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} alpha_j,
-    with alpha_j an EMA of the request's acceptance at draft position j (given position j was reached),
+    with alpha_j the request's acceptance at draft position j given position j was reached,
     t_draft the measured cost of one draft step and t_verify(n) the measured cost of a target forward
     scoring n tokens per request at the current batch size. k = 0 (plain decoding) when no k beats S(0).
-    With `deterministic=True` the costs are static (draft_cost_ratio, verify_cost_slope), so k depends on
-    acceptance counts alone and a seed fixes the text, not only its distribution.
+    alpha_j is a Beta-style estimate over discounted counts: (hits_j + m * prior_j) / (trials_j + m),
+    the prior being the engine-wide acceptance at position j (or, before position j was ever reached,
+    the request's own estimate at j - 1), so a new request starts from what this draft achieved so far
+    and one lucky or unlucky step moves k by little.
+    A draft that still has to catch up on many tokens (a draft model meeting a long prompt) first pays
+    that prefill: the controller speculates only when the expected saving over the tokens the request
+    may still generate exceeds that one-time cost.
+    With `deterministic=True` the costs are static (draft_cost_ratio, verify_cost_slope,
+    prefill_cost_ratio), so k depends on acceptance counts alone and a seed fixes the text, not only
+    its distribution.
 
 Health check (every policy): when a request's acceptance over its last `health_window` drafting steps
 falls below `acceptance_threshold`, it falls back to plain decoding, logs a warning and counts an
@@ -29,7 +37,8 @@ from specdec.config import SpeculativeConfig
 from specdec.runner.attention import pad_rows
 
 log = logging.getLogger("specdec.spec")
-_PRIOR_ACCEPTANCE = 0.6
+_PRIOR_ACCEPTANCE = 0.6   # before this engine has seen any verification
+_GLOBAL_DECAY = 0.99      # engine-wide counts forget slowly: they are the prior for new requests
 
 
 class CostTable:
@@ -56,11 +65,20 @@ class CostTable:
         higher = [r for r in self.seconds if r > key]
         return self.seconds[min(higher)] if higher else None
 
+    def prefill(self, rows: int) -> float | None:
+        """Cost of a long forward: scaled linearly from the closest measured forward of >= 16 rows."""
+        big = [r for r in self.seconds if r >= 16]
+        if not big:
+            return None
+        near = min(big, key=lambda r: abs(r - rows))
+        return self.seconds[near] * rows / near
+
 
 @dataclass
 class RequestSpecState:
     k: int
-    alpha: list[float]
+    hits: list[float]            # discounted accepted count per draft position
+    trials: list[float]          # discounted times each position was reached
     window: deque = field(default_factory=lambda: deque(maxlen=10))  # (drafted, accepted) per drafting step
     fallback: bool = False
     plain_steps: int = 0        # plain steps since the fallback / last probe
@@ -76,6 +94,8 @@ class SpecController:
         self.states: dict[str, RequestSpecState] = {}
         self.draft_costs = CostTable(config.ema_alpha)   # rows in the draft forward -> seconds per step
         self.verify_costs = CostTable(config.ema_alpha)  # rows in the target forward -> seconds
+        self.global_hits = [0.0] * self.max_k
+        self.global_trials = [0.0] * self.max_k
         self.num_fallbacks = 0
         self.num_reprobes = 0
         self.num_resumes = 0
@@ -84,11 +104,28 @@ class SpecController:
         st = self.states.get(request_id)
         if st is None:
             k = self.max_k if self.config.policy != "heuristic" else max(1, self.max_k // 2)
-            st = self.states[request_id] = RequestSpecState(k=k, alpha=[_PRIOR_ACCEPTANCE] * self.max_k)
+            st = self.states[request_id] = RequestSpecState(k, [0.0] * self.max_k, [0.0] * self.max_k)
         return st
 
+    def acceptance(self, request_id: str) -> list[float]:
+        """Estimated acceptance at each draft position, given the position is reached."""
+        st = self._state(request_id)
+        m = self.config.prior_strength
+        out: list[float] = []
+        for j in range(self.max_k):
+            gt = self.global_trials[j]
+            if gt >= 1.0:
+                prior = (self.global_hits[j] + _PRIOR_ACCEPTANCE) / (gt + 1.0)
+            else:
+                prior = out[-1] if out else _PRIOR_ACCEPTANCE
+            out.append((st.hits[j] + m * prior) / (st.trials[j] + m))
+        return out
+
     # ---- decisions ----------------------------------------------------------------------------
-    def next_k(self, request_id: str, num_generated: int, batch_size: int) -> int:
+    def next_k(self, request_id: str, num_generated: int, batch_size: int, remaining: int | None = None,
+               catch_up: int = 0) -> int:
+        """k for the request's next step. `remaining`: tokens it may still generate (None: unknown);
+        `catch_up`: committed tokens the proposer has not processed yet (its one-time prefill)."""
         st = self._state(request_id)
         cfg = self.config
         if st.disabled or self.max_k == 0:
@@ -105,45 +142,60 @@ class SpecController:
                 st.guard_countdown -= 1
                 return 0
             st.guard_countdown = cfg.plain_interval_steps
-        if cfg.policy == "cost_model":
-            k = self._best_k(st, batch_size)
-            if k == 0:  # keep learning: probe now and then even when plain looks better
-                st.plain_steps += 1
-                if st.plain_steps >= cfg.reprobe_interval:
-                    st.plain_steps = 0
-                    self.num_reprobes += 1
-                    return min(cfg.reprobe_k, self.max_k)
-            return k
-        return st.k
+        if cfg.policy != "cost_model":
+            return st.k
+        k, seconds_per_token = self._best_k(request_id, batch_size)
+        if k and remaining is not None and catch_up > self.max_k + 1:
+            saving = remaining * (seconds_per_token[0] - seconds_per_token[k])
+            if self._catch_up_cost(catch_up, batch_size) > saving:
+                return 0  # the draft's prefill would cost more than speculation can win back
+        if k == 0:  # keep learning: probe now and then even when plain looks better
+            st.plain_steps += 1
+            if st.plain_steps >= cfg.reprobe_interval:
+                st.plain_steps = 0
+                self.num_reprobes += 1
+                return min(cfg.reprobe_k, self.max_k)
+        return k
 
-    def _best_k(self, st: RequestSpecState, batch_size: int) -> int:
-        best_k, best_rate = 0, None
+    def _best_k(self, request_id: str, batch_size: int) -> tuple[int, list[float]]:
+        """The k with the highest expected tokens per second, and seconds per token for every k."""
+        alpha = self.acceptance(request_id)
+        best_k, per_token = 0, []
         for k in range(0, self.max_k + 1):
-            cost = self._step_cost(k, batch_size)
-            if cost is None:
-                return self.max_k  # nothing measured yet: speculate to learn the costs
             expected, reach = 1.0, 1.0
-            for a in st.alpha[:k]:
+            for a in alpha[:k]:
                 reach *= a
                 expected += reach
-            rate = expected / cost
-            if best_rate is None or rate > best_rate * (1 + 1e-9):
-                best_k, best_rate = k, rate
-        return best_k
+            per_token.append(self._step_cost(k, batch_size) / expected)
+            if per_token[k] < per_token[best_k] * (1 - 1e-9):
+                best_k = k
+        return best_k, per_token
 
-    def _step_cost(self, k: int, batch_size: int) -> float | None:
+    def _unit(self, batch_size: int) -> float | None:
+        """Seconds of one plain target step at this batch size, once measured."""
+        return None if self.config.deterministic else self.verify_costs.estimate(batch_size)
+
+    def _step_cost(self, k: int, batch_size: int) -> float:
         cfg = self.config
-        if cfg.deterministic:
+        unit = self._unit(batch_size)
+        if unit is None:  # static model, in units of one target step
             return k * cfg.draft_cost_ratio + 1.0 + cfg.verify_cost_slope * k
         verify = self.verify_costs.estimate(batch_size * (k + 1))
-        if verify is None:
-            return None
         if k == 0:
             return verify
         draft = self.draft_costs.estimate(batch_size)
-        if draft is None:
-            return None
-        return k * draft + verify
+        return k * (draft if draft is not None else unit * cfg.draft_cost_ratio) + verify
+
+    def _catch_up_cost(self, tokens: int, batch_size: int) -> float:
+        cfg = self.config
+        unit = self._unit(batch_size)
+        if unit is None:
+            return tokens * cfg.prefill_cost_ratio * cfg.draft_cost_ratio
+        draft = self.draft_costs.prefill(tokens)
+        if draft is not None:
+            return draft
+        target = self.verify_costs.prefill(tokens)
+        return (target if target is not None else tokens * cfg.prefill_cost_ratio * unit) * cfg.draft_cost_ratio
 
     # ---- observations -------------------------------------------------------------------------
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
@@ -151,10 +203,13 @@ class SpecController:
         if num_drafted == 0:
             return
         st = self._state(request_id)
-        a = self.config.ema_alpha
+        decay = self.config.acceptance_decay
         for j in range(min(num_drafted, num_accepted + 1)):  # positions reached
             hit = 1.0 if j < num_accepted else 0.0
-            st.alpha[j] = (1 - a) * st.alpha[j] + a * hit
+            st.hits[j] = decay * st.hits[j] + hit
+            st.trials[j] = decay * st.trials[j] + 1.0
+            self.global_hits[j] = _GLOBAL_DECAY * self.global_hits[j] + hit
+            self.global_trials[j] = _GLOBAL_DECAY * self.global_trials[j] + 1.0
         st.window.append((num_drafted, num_accepted))
         if self.config.policy == "heuristic" and len(st.window) == st.window.maxlen:
             rate = _rate(st.window)
@@ -163,7 +218,6 @@ class SpecController:
             elif rate < 0.5:
                 st.k = max(st.k - 1, 1)
         self._health(request_id, st, num_drafted, num_accepted)
-
     def _health(self, request_id: str, st: RequestSpecState, drafted: int, accepted: int) -> None:
         cfg = self.config
         if st.probing:

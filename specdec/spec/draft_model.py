@@ -5,7 +5,9 @@ whole prompt the first time, then the accepted and bonus tokens of the last roun
 tokens autoregressively from the *processed* draft distribution: the request's own penalties,
 temperature, top-k/top-p/min-p, applied with the drafts before position j counted as output.
 All speculating requests share each draft forward. After verification the rejected drafts' K/V
-are rolled back.
+are rolled back and the full blocks of committed tokens are hashed, so the draft pool has a prefix
+cache like the target's: a prompt seen before (a shared system prompt, the next turn of a chat, a
+repeated request) costs the draft no prefill.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ class DraftModelProposer:
         self.max_model_len = min(max_model_len, loaded.config.max_position)
         model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, device)
         self.vocab_size = vocab_size
-        self.kv = KVCacheManager(num_blocks, block_size, enable_caching=False)
+        self.kv = KVCacheManager(num_blocks, block_size, enable_caching=True)
         self.runner = ModelRunner(model, num_blocks, block_size, device, loaded.tokenizer.never_sample_ids,
                                   vocab_limit=vocab_size)
         self._generators: dict[str, torch.Generator] = {}
@@ -61,9 +63,12 @@ class DraftModelProposer:
             if k <= 0:
                 continue
             rid = req.request_id
-            seen = self.kv.num_slots.get(rid, 0)
-            if not self.kv.can_allocate(rid, req.num_tokens - seen + k - 1):
+            cached = [] if rid in self.kv.block_tables else self.kv.find_cached_prefix(req.all_token_ids)
+            seen = self.kv.num_slots.get(rid, len(cached) * self.kv.block_size)
+            if not self.kv.can_allocate(rid, req.num_tokens - seen + k - 1, cached):
                 continue  # draft pool full: this request decodes plainly this step
+            if rid not in self.kv.block_tables:
+                self.kv.allocate(rid, 0, cached)
             active.append((i, req, k))
         drafts: dict[int, list[int]] = {i: [] for i, _, _ in active}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in active}
@@ -77,7 +82,7 @@ class DraftModelProposer:
                 self.kv.allocate(rid, len(tokens))
                 chunks.append(ScheduledChunk(rid, tokens, seen, list(self.kv.block_tables[rid]), 1))
             rows = sum(len(c.token_ids) for c in chunks)
-            out = self.runner.execute(SchedulerOutput(chunks, rows))
+            out = self.runner.execute(SchedulerOutput(chunks, rows, self.kv.take_pending_copies()))
             self.forward_costs.append((rows, out.forward_seconds))
             for row, (i, req, _) in enumerate(active):
                 token, q = self._sample(req, out.logits[row, : self.vocab_size], drafts[i])
@@ -105,9 +110,19 @@ class DraftModelProposer:
         noise = torch.empty_like(q).exponential_(generator=g)
         return int((q / noise).argmax()), q
 
+    def catch_up_tokens(self, request: Request) -> int:
+        """Committed tokens the draft would have to process before its first draft for this request."""
+        rid = request.request_id
+        if rid in self.kv.num_slots:
+            return request.num_tokens - self.kv.num_slots[rid]
+        return request.num_tokens - len(self.kv.find_cached_prefix(request.all_token_ids)) * self.kv.block_size
+
     def on_verified(self, request: Request, num_drafted: int, num_accepted: int) -> None:
-        if num_drafted:
-            self.kv.rollback(request.request_id, num_drafted - 1 - min(num_accepted, num_drafted - 1))
+        rid = request.request_id
+        if num_drafted and rid in self.kv.num_slots:
+            self.kv.rollback(rid, num_drafted - 1 - min(num_accepted, num_drafted - 1))
+        if rid in self.kv.num_slots and not request.finished:
+            self.kv.commit(rid, request.all_token_ids)  # every slot left holds a committed token
 
     def free(self, request_id: str) -> None:
         self.kv.free(request_id)

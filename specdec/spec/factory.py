@@ -1,4 +1,4 @@
-"""Build the configured proposer (the one place that knows every proposer class)."""
+"""Build the proposers (the one place that knows every proposer class)."""
 from __future__ import annotations
 
 import sys
@@ -18,12 +18,23 @@ def default_draft(target_name: str) -> str | None:
     return entry.default_draft if entry else None
 
 
-def build_proposer(config: EngineConfig, target: LoadedModel, draft_loaded: LoadedModel | None,
-                   max_model_len: int, progress: bool = True) -> Proposer:
+def build_proposers(config: EngineConfig, target: LoadedModel, draft_loaded: LoadedModel | None,
+                    max_model_len: int, progress: bool = True) -> dict[str, Proposer]:
+    """The configured proposer, plus n-gram lookup (free: no weights, no cache) so that requests
+    may choose it instead."""
     spec = config.speculative
     assert spec is not None
-    if spec.method == "ngram":
-        return NgramProposer(spec.ngram_max, spec.ngram_min)
+    proposers: dict[str, Proposer] = {}
+    if spec.method == "draft_model":
+        proposers["draft_model"] = build_draft_proposer(config, target, draft_loaded, max_model_len, progress)
+    proposers["ngram"] = NgramProposer(spec.ngram_max, spec.ngram_min)
+    return proposers
+
+
+def build_draft_proposer(config: EngineConfig, target: LoadedModel, draft_loaded: LoadedModel | None,
+                         max_model_len: int, progress: bool = True) -> DraftModelProposer:
+    spec = config.speculative
+    assert spec is not None
     name = spec.draft_model or default_draft(target.name)
     if name is None and draft_loaded is None:
         raise ValueError(f"no draft model given and {target.name!r} has no default draft; "

@@ -40,6 +40,9 @@ class NgramProposer:
         self.draft_seconds = time.perf_counter() - t0
         return out
 
+    def catch_up_tokens(self, request: Request) -> int:
+        return 0
+
     def on_verified(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         pass
 

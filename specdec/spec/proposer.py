@@ -32,6 +32,10 @@ class Proposer(Protocol):
         request's trouble if it can leave that request without drafts instead."""
         ...
 
+    def catch_up_tokens(self, request: Request) -> int:
+        """Committed tokens it has not processed yet: its one-time cost before the next draft."""
+        ...
+
     def on_verified(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         """The target kept num_accepted of num_drafted drafts (request.output_token_ids is updated)."""
         ...

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: protocol models, the engine thread, metrics, routes."""

@@ -1,0 +1,84 @@
+"""A `specdec serve` process on a free loopback port, for the server tests."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None, timeout: float = 300) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        cmd = [sys.executable, "-m", "specdec.cli", "serve", *args, "--port", str(self.port)]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        env = {k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise TimeoutError(f"server not ready after {timeout}s:\n{self.log_path.read_text()[-3000:]}")
+
+    def client(self, **kw):
+        from openai import OpenAI
+        kw.setdefault("api_key", self.api_key or "unused")
+        return OpenAI(base_url=self.url + "/v1", max_retries=0, **kw)
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples as {'name{labels}': value}."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            m = re.match(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?) (\S+)$", line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
+        return out
+
+    def wait_idle(self, timeout: float = 60) -> dict[str, float]:
+        """Metrics once no request is running or waiting."""
+        deadline = time.time() + timeout
+        while True:
+            m = self.metrics()
+            if m.get("specdec_num_requests_running") == 0 and m.get("specdec_num_requests_waiting") == 0:
+                return m
+            if time.time() > deadline:
+                raise TimeoutError(f"server still busy: {m}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()

@@ -1,0 +1,255 @@
+"""The server on tiny random models, as a real process on a loopback port: auth, every bad input of
+the HTTP edge (and the next good request still succeeding), a full queue, aborts that free blocks,
+preemption under a tiny KV cache that leaves outputs unchanged, and the YAML config."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from openai import AuthenticationError, BadRequestError
+
+from conftest import engine_config
+from server_process import ServerProcess
+from specdec.config import load_yaml_config
+from specdec.llm import LLM
+from specdec.sampling_params import SamplingParams
+
+KEY = "sekret-key"
+
+
+def post(server: ServerProcess, path: str, body: bytes | dict, key: str | None = KEY,
+         headers: dict | None = None) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(server.url + path, data=data, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def strict_server(tiny_qwen, tmp_path_factory):
+    """One running request at a time and one waiting: easy to fill the queue."""
+    d = tmp_path_factory.mktemp("strict")
+    cfg = d / "config.yaml"
+    cfg.write_text(f"""
+execution_config:
+  target_model: {tiny_qwen}
+  draft_model: ngram
+  speculation_length: 3
+  max_batch_size: 1
+  max_queued_requests: 1
+server:
+  max_n: 2
+""")
+    s = ServerProcess(["--config", str(cfg), "--threads", "1"], d / "server.log", api_key=KEY)
+    yield s
+    s.stop()
+
+
+def test_health_models_and_auth(strict_server):
+    with urllib.request.urlopen(strict_server.url + "/health") as r:
+        assert r.status == 200
+    with pytest.raises(AuthenticationError):
+        strict_server.client(api_key="wrong").completions.create(model="m", prompt="hi", max_tokens=2)
+    status, body = post(strict_server, "/v1/completions", {"prompt": "hi"}, key=None)
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    models = strict_server.client().models.list().data
+    assert len(models) == 1 and models[0].id == "tiny-qwen2.gguf"
+
+
+BAD = [
+    (b"{not json", "not valid JSON"),
+    (b'{"prompt": "x", "temperature": NaN}', "temperature"),
+    (b'{"prompt": "x", "top_p": Infinity}', "top_p"),
+    ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "temperature": 3.5}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "presence_penalty": -9}, "presence_penalty"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": ""}, "empty"),
+    ({"prompt": []}, "empty"),
+    ({"prompt": "x", "max_tokens": 100000}, "context"),
+    ({"prompt": [1, 2, 10 ** 9]}, "vocabulary"),
+    ({"prompt": [-1]}, "vocabulary"),
+    ({"prompt": "x", "stop": [""]}, "stop"),
+    ({"prompt": "x", "n": 3}, "n must be"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "speculative": {"method": "draft_model"}}, "not loaded"),
+    ({"prompt": "x", "speculative": {"max_k": -1}}, "max_k"),
+    ({"prompt": "x", "seed": -1}, "seed"),
+    ([1, 2], "body"),
+]
+
+
+def test_bad_inputs_get_400_and_the_server_keeps_serving(strict_server):
+    for body, needle in BAD:
+        status, err = post(strict_server, "/v1/completions", body)
+        assert status == 400, (body, status, err)
+        msg = err["error"]["message"]
+        assert needle in msg and "Traceback" not in msg and "/" not in msg.replace("0..", ""), (body, msg)
+    for body in ({"messages": []}, {"messages": [{"role": "wizard", "content": "x"}]},
+                 {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 99, "logprobs": True},
+                 {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 10 ** 6}):
+        status, _ = post(strict_server, "/v1/chat/completions", body)
+        assert status == 400, body
+    status, err = post(strict_server, "/v1/completions", b'{"prompt": "' + b"a" * (1 << 21) + b'"}')
+    assert status == 413 and "larger than" in err["error"]["message"]
+    out = strict_server.client().completions.create(model="m", prompt="hello", max_tokens=4, temperature=0)
+    assert out.usage.completion_tokens == 4
+    m = strict_server.metrics()
+    assert m['specdec_requests_total{status="rejected_400"}'] >= len(BAD)
+    assert m['specdec_requests_total{status="rejected_413"}'] == 1
+
+
+def _stream_some(server: ServerProcess, started: threading.Event, chunks: int | None, max_tokens: int = 400):
+    stream = server.client().completions.create(model="m", prompt="count", max_tokens=max_tokens,
+                                                temperature=0, stream=True)
+    started.set()
+    for i, _ in enumerate(stream):
+        if chunks is not None and i + 1 >= chunks:
+            break
+    stream.close()
+
+
+def test_queue_full_gets_429_and_abort_frees_blocks(strict_server):
+    # one request running (max_batch_size 1), one waiting (max_queued_requests 1): the next is refused
+    first, second = threading.Event(), threading.Event()
+    t1 = threading.Thread(target=_stream_some, args=(strict_server, first, None))
+    t1.start()
+    first.wait(30)
+    deadline = time.time() + 30
+    while strict_server.metrics()["specdec_num_requests_running"] < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    t2 = threading.Thread(target=_stream_some, args=(strict_server, second, 2))
+    t2.start()
+    second.wait(30)
+    status, err = post(strict_server, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert status == 429 and err["error"]["type"] == "rate_limit_error"
+    t1.join(120)
+    t2.join(120)
+    # a client that leaves mid-stream aborts its request: nothing left running, every block free
+    started = threading.Event()
+    _stream_some(strict_server, started, chunks=3)
+    m = strict_server.wait_idle()
+    assert m['specdec_kv_blocks_used{pool="target"}'] == 0
+    assert m['specdec_requests_total{status="rejected_429"}'] >= 1
+    assert strict_server.client().completions.create(model="m", prompt="ok", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_n_logprobs_echo_and_usage(strict_server):
+    c = strict_server.client()
+    out = c.completions.create(model="m", prompt="hello there", max_tokens=5, n=2, temperature=0.8, seed=3,
+                               logprobs=2, echo=True)
+    assert [ch.index for ch in out.choices] == [0, 1]
+    assert all(ch.text.startswith("hello there") for ch in out.choices)
+    assert len(out.choices[0].logprobs.tokens) == 5 and all(lp <= 0 for lp in out.choices[0].logprobs.token_logprobs)
+    assert out.usage.completion_tokens == 10 and out.usage.prompt_tokens > 0  # the prompt counts once
+    chat = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                     logprobs=True, top_logprobs=2, temperature=0)
+    assert len(chat.choices[0].logprobs.content) == 3
+
+
+@pytest.fixture(scope="module")
+def preempting_server(tiny_qwen, tiny_llama, tmp_path_factory):
+    """A draft model and KV pools far too small for the load: forces preemption in both pools."""
+    d = tmp_path_factory.mktemp("preempt")
+    cfg = d / "config.yaml"
+    cfg.write_text(f"""
+execution_config:
+  target_model: {tiny_qwen}
+  draft_model: {tiny_llama}
+  speculation_length: 3
+  max_batch_size: 8
+  cache_config:
+    target_cache_blocks: 10
+    draft_cache_blocks: 10
+speculative:
+  policy: fixed
+""")
+    s = ServerProcess(["--config", str(cfg), "--threads", "1"], d / "server.log")
+    yield s
+    s.stop()
+
+
+def test_preemption_leaves_outputs_unchanged(preempting_server, tiny_qwen):
+    prompts = [f"request {i}: " + "the cat sat on the mat " * (1 + i % 3) for i in range(8)]
+    results: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        out = preempting_server.client().completions.create(model="m", prompt=prompts[i], max_tokens=60,
+                                                             temperature=0, extra_body={"ignore_eos": True})
+        results[i] = out.choices[0].text
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    offline = LLM(config=engine_config(str(tiny_qwen)), progress=False)
+    ref = offline.generate(prompts, SamplingParams(max_tokens=60, ignore_eos=True))
+    assert [results[i] for i in range(len(prompts))] == [o.text for o in ref]
+    m = preempting_server.wait_idle()
+    assert m["specdec_preemptions_total"] > 0
+    assert m['specdec_kv_blocks_used{pool="target"}'] == 0 and m['specdec_kv_blocks_used{pool="draft:draft_model"}'] == 0
+    assert sum(v for k, v in m.items() if k.startswith("specdec_spec_drafted_tokens_total")) > 0, m
+
+
+def test_yaml_config(tmp_path):
+    cfg, server = load_yaml_config("configs/default.yaml")
+    assert cfg.speculative.draft_model == "qwen2.5-coder-0.5b-instruct" and cfg.speculative.num_speculative_tokens == 4
+    assert cfg.scheduler.max_batch_size == 8 and cfg.cache.draft_cache_blocks == 1024 and server.host == "127.0.0.1"
+    bad = tmp_path / "bad.yaml"
+    for text, needle in (("execution_config:\n  speculation_lenght: 3\n", "execution_config.speculation_lenght"),
+                         ("execution_config:\n  cache_config:\n    blocks: 3\n", "cache_config.blocks"),
+                         ("server:\n  hots: 0.0.0.0\n", "server.hots"),
+                         ("speculative:\n  method: ngram\n", "speculative.method"),
+                         ("extra: 1\n", "top level.extra"),
+                         ("execution_config:\n  max_batch_size: 0\n", "max_batch_size")):
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
+            load_yaml_config(bad)
+    bad.write_text("execution_config:\n  draft_model: null\n")
+    assert load_yaml_config(bad)[0].speculative is None
+
+
+def test_cli_flags_override_the_config(tmp_path):
+    from specdec.cli import build_parser, serve_configs
+    a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "-k", "2", "--port", "9001",
+                                   "--max-batch-size", "3"])
+    cfg, server = serve_configs(a)
+    assert cfg.speculative.num_speculative_tokens == 2 and server.port == 9001 and cfg.scheduler.max_batch_size == 3
+    a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "--spec", "ngram"])
+    assert serve_configs(a)[0].speculative.method == "ngram"
+    a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "--no-spec"])
+    assert serve_configs(a)[0].speculative is None
+
+
+def test_bad_request_fails_before_the_engine_is_touched(strict_server):
+    with pytest.raises(BadRequestError):
+        strict_server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                                       n=5)
+
+
+def test_bench_serve_writes_json_and_plot(tiny_qwen, tmp_path):
+    from specdec.cli import main
+    out, png = tmp_path / "serve.json", tmp_path / "serve.png"
+    assert main(["bench", "serve", "--model", str(tiny_qwen), "--arms", "plain,ngram", "--rates", "50,200",
+                 "--num-requests", "3", "--max-tokens", "4", "--threads", "1", "--out", str(out),
+                 "--plot", str(png)]) == 0
+    report = json.loads(out.read_text())
+    for arm in ("plain", "ngram"):
+        for rate in ("50.0", "200.0"):
+            r = report["results"][arm][rate]
+            assert r["requests"] == 3 and r["output_tokens"] == 12 and r["ttft_p50"] <= r["ttft_p99"]
+            assert r["throughput_tokens_per_second"] > 0
+    assert png.stat().st_size > 1000
