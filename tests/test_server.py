@@ -253,3 +253,66 @@ def test_bench_serve_writes_json_and_plot(tiny_qwen, tmp_path):
             assert r["requests"] == 3 and r["output_tokens"] == 12 and r["ttft_p50"] <= r["ttft_p99"]
             assert r["throughput_tokens_per_second"] > 0
     assert png.stat().st_size > 1000
+
+
+def test_health_is_503_until_the_models_are_loaded(tiny_qwen):
+    import uvicorn
+
+    from server_process import free_port
+    from specdec.config import ServerConfig
+    from specdec.engine import LLMEngine
+    from specdec.server.app import build_app
+    from specdec.server.async_engine import AsyncEngine
+
+    gate = threading.Event()
+
+    def build():
+        gate.wait(60)
+        return LLMEngine(engine_config(str(tiny_qwen)), progress=False)
+
+    engine = AsyncEngine(build)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, ServerConfig(), "tiny"), host="127.0.0.1", port=port,
+                                           log_level="error"))
+    thread = threading.Thread(target=server.run)
+    engine.start()
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + "/health")
+        assert e.value.code == 503
+        local = type("S", (), {"url": url})()
+        assert post(local, "/v1/completions", {"prompt": "hi"})[0] == 503
+        gate.set()
+        deadline = time.time() + 60
+        while not engine.ready and time.time() < deadline:
+            time.sleep(0.05)
+        with urllib.request.urlopen(url + "/health") as r:
+            assert r.status == 200
+        status, body = post(local, "/v1/completions", {"prompt": "hi", "max_tokens": 3})
+        assert status == 200 and body["usage"]["completion_tokens"] == 3
+    finally:
+        gate.set()
+        server.should_exit = True
+        thread.join(30)
+        engine.shutdown()
+
+
+def test_client_leaving_a_non_streaming_request_aborts_it(strict_server):
+    import socket
+    before = strict_server.wait_idle()
+    body = json.dumps({"prompt": "count", "max_tokens": 450, "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", strict_server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+                     + b"\r\n\r\n" + body)
+        deadline = time.time() + 30
+        while strict_server.metrics()["specdec_num_requests_running"] < 1 and time.time() < deadline:
+            time.sleep(0.05)
+    m = strict_server.wait_idle(timeout=30)
+    assert m['specdec_kv_blocks_used{pool="target"}'] == 0
+    assert m['specdec_requests_total{status="abort"}'] == before.get('specdec_requests_total{status="abort"}', 0) + 1
+    assert m.get('specdec_requests_total{status="length"}') == before.get('specdec_requests_total{status="length"}')

@@ -269,3 +269,14 @@ def test_cost_model_backs_off_when_the_batch_is_large():
         c.observe("r", 3, 2)
     assert c.next_k("r", 5, 1, remaining=100) > 0    # alone: verification of 4 tokens costs one step
     assert c.next_k("r", 5, 16, remaining=100) == 0  # 16 requests x 4 tokens: verification is not free
+
+
+def test_abort_frees_both_pools(tiny_qwen, tiny_llama):
+    llm = spec_llm(tiny_qwen, draft=tiny_llama, k=3)
+    eng = llm.engine
+    req = eng.add_request(PROMPTS[3], SamplingParams(max_tokens=50, ignore_eos=True))
+    for _ in range(4):
+        eng.step()
+    assert eng.proposer.kv.num_free_blocks() < eng.proposer.kv.num_blocks
+    eng.abort(req.request_id)
+    assert_all_free(llm) and not eng.has_unfinished()

@@ -100,6 +100,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig, model_name: str) -> Fas
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServerMetrics(engine)
     engine.on_finished = metrics.finished
+    engine.on_aborted = lambda _: metrics.requests.labels("abort").inc()
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, on_reject=metrics.rejected)
     served = config.served_model_name or model_name
 

@@ -33,7 +33,8 @@ class AsyncEngine:
         self._aborts: queue_mod.SimpleQueue[str] = queue_mod.SimpleQueue()
         self._ids = itertools.count()
         self._stop = False
-        self.on_finished: Callable[[RequestOutput], None] | None = None  # metrics hook (engine thread)
+        self.on_finished: Callable[[RequestOutput], None] | None = None  # metrics hooks (engine thread)
+        self.on_aborted: Callable[[str], None] | None = None
         self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
 
     def start(self) -> None:
@@ -121,7 +122,11 @@ class AsyncEngine:
 
     def _apply_aborts(self, engine: LLMEngine) -> None:
         while not self._aborts.empty():
-            engine.abort(self._aborts.get())
+            rid = self._aborts.get()
+            if rid in engine.requests:
+                engine.abort(rid)
+                if self.on_aborted is not None:
+                    self.on_aborted(rid)
 
     def _fail_all(self, engine: LLMEngine, error: Exception) -> None:
         for rid in list(engine.requests):
