@@ -316,3 +316,18 @@ def test_client_leaving_a_non_streaming_request_aborts_it(strict_server):
     assert m['specdec_kv_blocks_used{pool="target"}'] == 0
     assert m['specdec_requests_total{status="abort"}'] == before.get('specdec_requests_total{status="abort"}', 0) + 1
     assert m.get('specdec_requests_total{status="length"}') == before.get('specdec_requests_total{status="length"}')
+
+
+def test_streams_match_the_non_streamed_responses(strict_server):
+    c = strict_server.client()
+    full = c.completions.create(model="m", prompt="hello there", max_tokens=6, temperature=0, echo=True)
+    parts = list(c.completions.create(model="m", prompt="hello there", max_tokens=6, temperature=0, echo=True,
+                                      stream=True, stream_options={"include_usage": True}))
+    assert "".join(p.choices[0].text for p in parts if p.choices) == full.choices[0].text
+    assert parts[-1].usage.completion_tokens == 6 and parts[-1].model_extra["speculative"]["proposer"]
+    messages = [{"role": "user", "content": "hi"}]
+    chat = c.chat.completions.create(model="m", messages=messages, max_tokens=5, temperature=0)
+    chunks = list(c.chat.completions.create(model="m", messages=messages, max_tokens=5, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == chat.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == chat.choices[0].finish_reason

@@ -256,20 +256,17 @@ def build_app(engine: AsyncEngine, config: ServerConfig, model_name: str) -> Fas
                     "finish_reason": out.finish_reason if out.finished else None}
 
         if body.stream:
-            async def events():
-                last: dict[int, RequestOutput] = {}
-                async for sub, out in _merge(streams, subs, last):
-                    text = out.delta_text
-                    if body.echo and _first(out):
-                        text = sub.prompt_text + text
-                    if text or out.finished:
-                        yield _sse({"id": rid, "object": "text_completion", "created": created, "model": served,
-                                    "choices": [choice(sub, out, text, False)]})
-                if body.stream_options and body.stream_options.include_usage:
-                    yield _sse({"id": rid, "object": "text_completion", "created": created, "model": served,
-                                "choices": [], "usage": _usage_of(subs, list(last.values()))})
-                yield "data: [DONE]\n\n"
-            return _event_stream(events(), streams)
+            echoed: set[int] = set()
+
+            def render(sub: _Sub, out: RequestOutput) -> list[dict]:
+                text = out.delta_text
+                if body.echo and sub.index not in echoed:
+                    echoed.add(sub.index)
+                    text = sub.prompt_text + text
+                return [choice(sub, out, text, False)] if text or out.finished else []
+
+            envelope = {"id": rid, "object": "text_completion", "created": created, "model": served}
+            return _event_stream(streams, subs, envelope, render, body.stream_options)
 
         finals = await _collect(streams, request)
         choices = [choice(sub, out, (sub.prompt_text if body.echo else "") + out.text, True)
@@ -298,27 +295,20 @@ def build_app(engine: AsyncEngine, config: ServerConfig, model_name: str) -> Fas
         tok = eng.tokenizer
 
         if body.stream:
-            async def events():
-                last: dict[int, RequestOutput] = {}
+            def render(sub: _Sub, out: RequestOutput) -> list[dict]:
+                chunks = []
+                if out.delta_text:
+                    chunks.append({"index": sub.index, "delta": {"content": out.delta_text}, "logprobs": None,
+                                   "finish_reason": None})
+                if out.finished:
+                    chunks.append({"index": sub.index, "delta": {}, "logprobs": None,
+                                   "finish_reason": out.finish_reason})
+                return chunks
 
-                def chunk(choices: list[dict]) -> str:
-                    return _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                 "model": served, "choices": choices})
-                for sub in subs:
-                    yield chunk([{"index": sub.index, "delta": {"role": "assistant", "content": ""},
-                                  "logprobs": None, "finish_reason": None}])
-                async for sub, out in _merge(streams, subs, last):
-                    if out.delta_text:
-                        yield chunk([{"index": sub.index, "delta": {"content": out.delta_text},
-                                      "logprobs": None, "finish_reason": None}])
-                    if out.finished:
-                        yield chunk([{"index": sub.index, "delta": {}, "logprobs": None,
-                                      "finish_reason": out.finish_reason}])
-                if body.stream_options and body.stream_options.include_usage:
-                    yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": served,
-                                "choices": [], "usage": _usage_of(subs, list(last.values()))})
-                yield "data: [DONE]\n\n"
-            return _event_stream(events(), streams)
+            opening = [{"index": sub.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None} for sub in subs]
+            envelope = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": served}
+            return _event_stream(streams, subs, envelope, render, body.stream_options, opening)
 
         finals = await _collect(streams, request)
         choices = [{"index": sub.index, "message": {"role": "assistant", "content": out.text},
@@ -331,22 +321,30 @@ def build_app(engine: AsyncEngine, config: ServerConfig, model_name: str) -> Fas
 
 
 # ---- helpers -----------------------------------------------------------------------------------------
-def _first(out: RequestOutput) -> bool:
-    return len(out.token_ids) > 0 and out.delta_text != "" and out.text == out.delta_text
-
-
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def _event_stream(events: AsyncIterator[str], streams: list) -> StreamingResponse:
-    async def guarded():
+def _event_stream(streams: list, subs: list[_Sub], envelope: dict, render, stream_options,
+                  opening: list[dict] = ()) -> StreamingResponse:
+    """Server-sent events: `opening` chunks, then render(sub, output) chunks as outputs arrive, an
+    optional usage chunk (with the speculative summary), and `data: [DONE]`."""
+    async def events():
+        last: dict[int, RequestOutput] = {}
         try:
-            async for e in events:
-                yield e
+            for c in opening:
+                yield _sse({**envelope, "choices": [c]})
+            async for sub, out in _merge(streams, subs, last):
+                for c in render(sub, out):
+                    yield _sse({**envelope, "choices": [c]})
+            if stream_options is not None and stream_options.include_usage:
+                finals = list(last.values())
+                yield _sse({**envelope, "choices": [], "usage": _usage_of(subs, finals),
+                            "speculative": _spec_summary(finals)})
+            yield "data: [DONE]\n\n"
         finally:  # the client went away (Starlette cancels us) or we are done
             await _close_all(streams)
-    return StreamingResponse(guarded(), media_type="text/event-stream",
+    return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
