@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from specdec.bench.contention import Contention
 from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from specdec.models.weight_cache import atomic_write_text
 from specdec.sampling_params import SamplingParams
@@ -86,8 +87,7 @@ async def _run_rate(engine, prompts: list[list[int]], arrivals: list[float], par
             "tpot_p50": _percentile(tpot, 0.5), "tpot_p99": _percentile(tpot, 0.99),
             "e2e_p50": _percentile(e2e, 0.5), "e2e_p99": _percentile(e2e, 0.99),
             "acceptance_rate": sum(r["accepted"] for r in records) / drafted if drafted else None,
-            "mean_accepted_length": statistics.mean(r["mean_accepted_length"] for r in records),
-            "load_average_at_start": os.getloadavg()[0]}
+            "mean_accepted_length": statistics.mean(r["mean_accepted_length"] for r in records)}
 
 
 def run_serve_bench(a) -> dict:
@@ -132,7 +132,10 @@ def run_serve_bench(a) -> dict:
             at += rng.expovariate(rate)
             arrivals.append(at)
         for name in arms:
-            results[name][str(rate)] = asyncio.run(_run_rate(engines[name], prompts, arrivals, params))
+            with Contention() as busy:
+                results[name][str(rate)] = asyncio.run(_run_rate(engines[name], prompts, arrivals, params))
+            results[name][str(rate)].update(load_average=busy.load_average, competing_cores=busy.cores,
+                                            noisy=busy.noisy)
             bar.update(1)
     bar.close()
     report = {"model": target.name, "draft": draft.name if draft else None, "precision": a.precision,

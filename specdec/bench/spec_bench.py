@@ -4,6 +4,8 @@ Every arm runs on the same loaded weights in one process; arms are interleaved p
 whole sweep repeats, so a noisy machine hits all arms alike. Reports per set and arm the median
 tokens/s with min-max, the median per-prompt speedup over plain, acceptance and mean accepted
 length; checks that greedy speculative output equals plain output; writes JSON and a PNG plot.
+Each run logs the load average and the cores other processes took meanwhile (flagged `noisy`
+above half a core).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from specdec.bench.contention import Contention
 from specdec.cli import read_prompts_file
 from specdec.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from specdec.models.weight_cache import atomic_write_text
@@ -76,12 +79,12 @@ def run_spec_bench(a) -> dict:
             for i, ids in enumerate(prompts[s]):
                 outs = {}
                 for arm in arms:
-                    load = os.getloadavg()[0]
-                    out = llms[arm].generate([ids], params)[0]
+                    with Contention() as busy:
+                        out = llms[arm].generate([ids], params)[0]
                     outs[arm] = out
                     st = out.stats
-                    runs.append({"set": s, "prompt": i, "repeat": rep, "arm": arm, "load_average": load,
-                                 "noisy_start": load > 0.5, "tokens_per_second": st.tokens_per_second,
+                    runs.append({"set": s, "prompt": i, "repeat": rep, "arm": arm, "load_average": busy.load_average,
+                                 "competing_cores": busy.cores, "noisy": busy.noisy, "tokens_per_second": st.tokens_per_second,
                                  "generated_tokens": st.generated_tokens, "seconds": st.seconds,
                                  "acceptance_rate": st.acceptance_rate,
                                  "mean_accepted_length": st.mean_accepted_length,
@@ -95,11 +98,12 @@ def run_spec_bench(a) -> dict:
     report = {"model": target.name, "draft": draft.name if draft else None, "precision": a.precision,
               "device": a.device, "k": a.k, "max_tokens": a.max_tokens, "repeats": a.repeats,
               "num_prompts_per_set": a.num_prompts, "load_seconds": load_seconds,
-              "noisy_runs": sum(r["noisy_start"] for r in runs), "summary": summary, "runs": runs}
+              "noisy_runs": sum(r["noisy"] for r in runs), "summary": summary, "runs": runs}
     atomic_write_text(Path(a.out), json.dumps(report, indent=1))
     if a.plot:
         plot(summary, sets, arms, Path(a.plot), f"{target.name} ({a.precision}), k={a.k}, {a.max_tokens} tokens")
     _print_table(summary, sets, arms)
+    print(f"{report['noisy_runs']} of {len(runs)} runs had competing processes (> 0.5 cores)", file=sys.stderr)
     print(f"wrote {a.out}" + (f" and {a.plot}" if a.plot else ""), file=sys.stderr)
     return report
 

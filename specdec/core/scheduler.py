@@ -122,7 +122,7 @@ class Scheduler:
         """Target room for this chunk, plus k speculative slots once the prompt is done; and draft
         room for the whole prompt (the draft catches up on it before its first draft)."""
         done = num_new == req.num_tokens - req.num_computed_tokens
-        reserve = self.spec_reserve if req.spec_method and done else 0
+        reserve = min(self.spec_reserve, req.params.max_tokens - 1) if req.spec_method and done else 0
         if not self.kv.can_allocate(req.request_id, num_new + reserve, cached):
             return False
         pool = self.draft_pools.get(req.spec_method or "")

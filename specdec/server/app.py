@@ -7,6 +7,7 @@ nothing in the engine. A client that disconnects aborts its requests (their bloc
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
@@ -103,6 +104,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig, model_name: str) -> Fas
     engine.on_aborted = lambda _: metrics.requests.labels("abort").inc()
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, on_reject=metrics.rejected)
     served = config.served_model_name or model_name
+    expected_auth = hashlib.sha256(f"Bearer {config.api_key}".encode()).digest()
 
     # ---- errors ------------------------------------------------------------------------------------
     def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -137,9 +139,8 @@ def build_app(engine: AsyncEngine, config: ServerConfig, model_name: str) -> Fas
     async def check_auth(request: Request) -> None:
         if config.api_key is None:
             return
-        given = request.headers.get("authorization", "")
-        expected = f"Bearer {config.api_key}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
+        given = hashlib.sha256(request.headers.get("authorization", "").encode()).digest()
+        if not hmac.compare_digest(given, expected_auth):  # digests: equal length, so no length leak
             raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key")
 
     def ready_engine():
