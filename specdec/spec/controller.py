@@ -43,8 +43,10 @@ _GLOBAL_DECAY = 0.99      # engine-wide counts forget slowly: they are the prior
 
 class CostTable:
     """EMA of measured seconds by padded row count (the runner pads rows to a multiple of 4, so
-    e.g. 1-4 rows cost the same). An unmeasured row count borrows the nearest smaller measurement:
-    optimistic on purpose, so the controller tries it and learns its real cost."""
+    e.g. 1-4 rows cost the same). An unmeasured row count is interpolated between the nearest
+    measurements around it (prefill chunks give the large ones, so on a CPU a 16-row verification
+    is priced from what 4 and 48 rows cost, on a GPU it stays flat); beyond the largest it grows
+    linearly; below the smallest it borrows that one (optimistic: the controller tries it and learns)."""
 
     def __init__(self, alpha: float) -> None:
         self.alpha = alpha
@@ -59,19 +61,18 @@ class CostTable:
         key = pad_rows(rows)
         if key in self.seconds:
             return self.seconds[key]
-        lower = [r for r in self.seconds if r < key]
-        if lower:
-            return self.seconds[max(lower)]
-        higher = [r for r in self.seconds if r > key]
-        return self.seconds[min(higher)] if higher else None
+        lower = max((r for r in self.seconds if r < key), default=None)
+        higher = min((r for r in self.seconds if r > key), default=None)
+        if lower is None:
+            return None if higher is None else self.seconds[higher]
+        if higher is None:
+            return self.seconds[lower] * key / lower
+        w = (key - lower) / (higher - lower)
+        return (1 - w) * self.seconds[lower] + w * self.seconds[higher]
 
     def prefill(self, rows: int) -> float | None:
-        """Cost of a long forward: scaled linearly from the closest measured forward of >= 16 rows."""
-        big = [r for r in self.seconds if r >= 16]
-        if not big:
-            return None
-        near = min(big, key=lambda r: abs(r - rows))
-        return self.seconds[near] * rows / near
+        """Cost of a long forward, once some forward of >= 16 rows was measured."""
+        return self.estimate(rows) if any(r >= 16 for r in self.seconds) else None
 
 
 @dataclass
