@@ -45,8 +45,9 @@ class CostTable:
     """EMA of measured seconds by padded row count (the runner pads rows to a multiple of 4, so
     e.g. 1-4 rows cost the same). An unmeasured row count is interpolated between the nearest
     measurements around it (prefill chunks give the large ones, so on a CPU a 16-row verification
-    is priced from what 4 and 48 rows cost, on a GPU it stays flat); beyond the largest it grows
-    linearly; below the smallest it borrows that one (optimistic: the controller tries it and learns)."""
+    is priced from what 4 and 48 rows cost, on a GPU it stays flat); outside the measured range it
+    scales in proportion to the nearest measurement (below it that is optimistic on purpose: the
+    controller tries the row count and learns its real cost)."""
 
     def __init__(self, alpha: float) -> None:
         self.alpha = alpha
@@ -63,10 +64,11 @@ class CostTable:
             return self.seconds[key]
         lower = max((r for r in self.seconds if r < key), default=None)
         higher = min((r for r in self.seconds if r > key), default=None)
-        if lower is None:
-            return None if higher is None else self.seconds[higher]
-        if higher is None:
-            return self.seconds[lower] * key / lower
+        if lower is None and higher is None:
+            return None
+        if lower is None or higher is None:  # proportional to the nearest measurement
+            near = higher if lower is None else lower
+            return self.seconds[near] * key / near
         w = (key - lower) / (higher - lower)
         return (1 - w) * self.seconds[lower] + w * self.seconds[higher]
 
