@@ -63,8 +63,7 @@ class DraftModelProposer:
             if k <= 0:
                 continue
             rid = req.request_id
-            cached = [] if rid in self.kv.block_tables else self.kv.find_cached_prefix(req.all_token_ids)
-            seen = self.kv.num_slots.get(rid, len(cached) * self.kv.block_size)
+            seen, cached = self._seen(req)
             if not self.kv.can_allocate(rid, req.num_tokens - seen + k - 1, cached):
                 continue  # draft pool full: this request decodes plainly this step
             if rid not in self.kv.block_tables:
@@ -110,12 +109,17 @@ class DraftModelProposer:
         noise = torch.empty_like(q).exponential_(generator=g)
         return int((q / noise).argmax()), q
 
+    def _seen(self, req: Request) -> tuple[int, list[int]]:
+        """Tokens of the request the draft has K/V for, and (for a request it has no table for yet)
+        the prefix-cache blocks that hold them."""
+        if req.request_id in self.kv.block_tables:
+            return self.kv.num_slots[req.request_id], []
+        cached = self.kv.find_cached_prefix(req.all_token_ids)
+        return len(cached) * self.kv.block_size, cached
+
     def catch_up_tokens(self, request: Request) -> int:
         """Committed tokens the draft would have to process before its first draft for this request."""
-        rid = request.request_id
-        if rid in self.kv.num_slots:
-            return request.num_tokens - self.kv.num_slots[rid]
-        return request.num_tokens - len(self.kv.find_cached_prefix(request.all_token_ids)) * self.kv.block_size
+        return request.num_tokens - self._seen(request)[0]
 
     def on_verified(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         rid = request.request_id
