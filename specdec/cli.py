@@ -1,4 +1,4 @@
-"""Command line: specdec generate | serve | models | bench.
+"""Command line: specdec generate | serve | models | bench | eval | check-lossless | profile-drafts | drafts.
 
 Human-readable lines go to stderr; with --json, stdout holds only JSON Lines. Every user mistake
 exits non-zero with a one-line error, never a traceback.
@@ -330,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peer", choices=["none", "transformers"], default="none",
                    help="decode mode: also time transformers float32 on the same prompts, in the same run")
     b.set_defaults(func=cmd_bench)
+
+    from specdec.quality import eval as quality_eval, lossless
+    quality_eval.register(sub)
+    lossless.register(sub)
     return parser
 
 

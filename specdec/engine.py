@@ -66,6 +66,8 @@ class LLMEngine:
         self._generators: dict[str, torch.Generator] = {}
         self._drafts: dict[str, DraftProposal] = {}
         self._ids = itertools.count()
+        # test suites only: a deliberately broken rejection sampler (see rejection_sample's _test_mode)
+        self._rejection_test_mode: str | None = None
 
     @property
     def precision(self) -> str:
@@ -244,7 +246,8 @@ class LLMEngine:
                     draft_probs[r, :k, : q.shape[-1]] = q
             greedy[r] = p.greedy
             fill_random_inputs(None if p.greedy else self._generators[req.request_id], k, uniforms[r], noise[r])
-        out_ids, num_accepted = rejection_sample(draft_ids, num_draft, draft_probs, target, greedy, uniforms, noise)
+        out_ids, num_accepted = rejection_sample(draft_ids, num_draft, draft_probs, target, greedy, uniforms, noise,
+                                               _test_mode=self._rejection_test_mode)
         tokens = [out_ids[r, : int(num_accepted[r]) + 1].tolist() for r in range(n)]
         return tokens, num_accepted.tolist()
 

@@ -1,0 +1,2 @@
+"""Quality assurance: A/B evaluation against a reference configuration (`specdec eval`), the
+statistical losslessness check (`specdec check-lossless`) and the optional similarity monitor."""
