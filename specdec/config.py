@@ -95,6 +95,10 @@ class SpeculativeConfig:
     prefill_cost_ratio: float = 0.1        # static cost of one prompt token in a prefill, per target step
     plain_interval_after: int | None = None  # long-output guard: after this many tokens ...
     plain_interval_steps: int = 0            # ... this many plain steps between speculation rounds
+    extra_drafts: list[str] = field(default_factory=list)  # more draft models, loaded on first use
+    router: bool = False                   # choose a proposer per request (domain + measured gain)
+    router_exploration: float = 0.2        # UCB bonus weight of the per-domain bandit
+    draft_idle_seconds: float | None = 600.0  # unload a lazily loaded draft idle this long (None: never)
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
@@ -120,6 +124,12 @@ class SpeculativeConfig:
             raise ValueError("plain_interval_after must be >= 0")
         if self.plain_interval_steps < 0:
             raise ValueError("plain_interval_steps must be >= 0")
+        if not isinstance(self.extra_drafts, list) or not all(isinstance(d, str) and d for d in self.extra_drafts):
+            raise ValueError("extra_drafts must be a list of model names or paths")
+        if self.router_exploration < 0:
+            raise ValueError("router_exploration must be >= 0")
+        if self.draft_idle_seconds is not None and self.draft_idle_seconds <= 0:
+            raise ValueError("draft_idle_seconds must be > 0 (or null: never unload)")
 
 
 @dataclass
@@ -138,6 +148,8 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20    # larger request bodies get 413
     max_n: int = 4                   # choices per request
     served_model_name: str | None = None  # the name /v1/models reports (default: the target's)
+    shadow_fraction: float = 0.0     # shadow A/B: share of speculative requests also decoded plainly (0: off)
+    shadow_similarity: bool = False  # ... and their texts compared by the similarity monitor (specdec[monitor])
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -146,6 +158,8 @@ class ServerConfig:
             raise ValueError("server.max_body_bytes must be >= 1024")
         if self.max_n < 1:
             raise ValueError("server.max_n must be >= 1")
+        if not 0.0 <= self.shadow_fraction <= 1.0:
+            raise ValueError(f"server.shadow_fraction must be in [0, 1], got {self.shadow_fraction}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("server.api_key must be non-empty (or null for no auth)")
 

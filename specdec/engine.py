@@ -20,14 +20,22 @@ from specdec.metrics import EngineCounters
 from specdec.models.llama import LlamaModel
 from specdec.models.loader import LoadedModel, load_model
 from specdec.output_processor import OutputProcessor
-from specdec.request import Request, RequestOutput, RequestStats, RequestStatus, SpecOptions
+from specdec.request import (
+    Request,
+    RequestOutput,
+    RequestStats,
+    RequestStatus,
+    SpecOptions,
+)
 from specdec.runner.model_runner import ModelRunner
 from specdec.sample.logits_processors import process_logits
 from specdec.sample.rejection_sampler import rejection_sample
 from specdec.sample.sampler import fill_random_inputs, make_generator, top_logprobs
 from specdec.sampling_params import SamplingParams
 from specdec.spec.controller import SpecController
+from specdec.spec.draft_set import NGRAM, DraftSet, DraftStatus
 from specdec.spec.proposer import DraftProposal, Proposer
+from specdec.spec.router import DraftRouter, guess_domain
 
 log = logging.getLogger("specdec")
 
@@ -51,17 +59,20 @@ class LLMEngine:
                                   self.tokenizer.never_sample_ids, self.tokenizer.vocab_size)
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
         self.counters = EngineCounters()
-        # every loaded proposer by method (the configured one first); each has its own controller
+        # the loaded proposers by id (the configured one first); each has its own controller
+        self.drafts: DraftSet | None = None
+        self.router: DraftRouter | None = None
         self.proposers: dict[str, Proposer] = {}
         self.controllers: dict[str, SpecController] = {}
-        self.default_method: str | None = None
+        self.default_method: str | None = None   # id of the configured proposer
         if config.speculative is not None:
-            from specdec.spec.factory import build_proposers
-            self.proposers = build_proposers(config, self.loaded, draft_loaded, self.max_model_len, progress)
-            self.controllers = {m: SpecController(config.speculative) for m in self.proposers}
-            self.default_method = config.speculative.method
-            self.scheduler.draft_pools = {m: p.kv for m, p in self.proposers.items() if hasattr(p, "kv")}
+            self.drafts = DraftSet(config, self.loaded, self.max_model_len, draft_loaded, progress)
+            self.proposers, self.controllers = self.drafts.proposers, self.drafts.controllers
+            self.default_method = self.drafts.default_id
+            self._sync_draft_pools()
             self.scheduler.spec_reserve = config.speculative.num_speculative_tokens
+            if config.speculative.router:
+                self.router = DraftRouter(config.speculative.router_exploration)
         self.requests: dict[str, Request] = {}
         self._generators: dict[str, torch.Generator] = {}
         self._drafts: dict[str, DraftProposal] = {}
@@ -84,11 +95,12 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, speculative: SpecOptions | None = None) -> Request:
+                    request_id: str | None = None, speculative: SpecOptions | None = None,
+                    background: bool = False) -> Request:
         """Tokenize and queue a prompt. Raises ValueError (and queues nothing) on a bad request,
-        QueueFull when the waiting queue is at its limit."""
+        QueueFull when the waiting queue is at its limit. `background`: low priority (admitted only
+        when no other request waits, preempted first)."""
         params = params or SamplingParams()
-        method = self._spec_method(speculative)
         if isinstance(prompt, str):
             ids, text = self.tokenizer.encode(prompt), prompt
         else:
@@ -99,24 +111,39 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
+        method, domain = self._spec_method(speculative, ids, text)
         req = Request(request_id, text, ids, params, spec_method=method,
-                      spec_max_k=speculative.max_k if speculative else None)
+                      spec_max_k=speculative.max_k if speculative else None, spec_domain=domain,
+                      spec_history=[method] if method else [], background=background)
         self.scheduler.add_request(req)  # validates length and KV-pool fit
+        if method is not None:
+            self.drafts.touch(method)
+            if method not in self.proposers:
+                self.drafts.load(method)  # first use: loads in the background, drafts once ready
         self.requests[request_id] = req
         self.output_processor.add(req)
         self._generators[request_id] = make_generator(params.seed)
         return req
 
-    def _spec_method(self, opts: SpecOptions | None) -> str | None:
-        if opts is None:
-            return self.default_method
-        if not opts.enabled:
-            return None
-        method = opts.method or self.default_method
-        if method is not None and method not in self.proposers:
-            loaded = ", ".join(self.proposers) or "none"
-            raise ValueError(f"speculative method {method!r} is not loaded (loaded: {loaded})")
-        return method
+    def _spec_method(self, opts: SpecOptions | None, ids: list[int], text: str | None
+                     ) -> tuple[str | None, str | None]:
+        """(proposer id, domain guess) for a new request: what it asked for, else the router's
+        choice, else the configured proposer."""
+        if opts is not None and not opts.enabled:
+            return None, None
+        method = opts.method if opts is not None else None
+        if self.drafts is None:
+            if method is not None:
+                raise ValueError(f"speculative method {method!r} is not available: this engine decodes plainly")
+            return None, None
+        if method not in (None, "auto"):
+            proposer_id = self.drafts.resolve(method)
+            # a draft that failed to load is skipped (reported by draft_status), never an error
+            return (None if proposer_id in self.drafts.errors else proposer_id), None
+        if self.router is None:
+            return self.default_method, None
+        domain = guess_domain(text if text is not None else self.tokenizer.decode(ids))
+        return self.router.choose(domain, self.drafts.candidates()), domain
 
     def abort(self, request_id: str) -> None:
         if self.scheduler.abort(request_id) is not None:
@@ -127,6 +154,8 @@ class LLMEngine:
 
     # ---- the loop -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.drafts is not None:
+            self.poll_drafts()
         self._plan_speculation()
         sched = self.scheduler.schedule()
         for rid in sched.preempted_request_ids:
@@ -143,15 +172,19 @@ class LLMEngine:
         for req in self.scheduler.running:
             req.num_spec_tokens = 0
             method = req.spec_method
-            if method is None or req.num_computed_tokens != req.num_tokens - 1:
-                continue  # plain decoding, or still prefilling
+            if method not in self.proposers or req.num_computed_tokens != req.num_tokens - 1:
+                continue  # plain decoding, its draft still loading, or still prefilling
+            controller = self.controllers[method]
             remaining = min(req.params.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens)
+            k = catch_up = 0
             if remaining > 1:
-                k = self.controllers[method].next_k(req.request_id, len(req.output_token_ids), batch, remaining,
-                                                    self.proposers[method].catch_up_tokens(req))
+                catch_up = self.proposers[method].catch_up_tokens(req)
+                k = controller.next_k(req.request_id, len(req.output_token_ids), batch, remaining, catch_up)
                 if req.spec_max_k is not None:
                     k = min(k, req.spec_max_k)
-                req.num_spec_tokens = min(k, remaining - 1)
+                k = min(k, remaining - 1)
+            req.num_spec_tokens = k
+            controller.charge(req.request_id, k, batch, catch_up)
 
     def _propose(self, sched: SchedulerOutput) -> None:
         by_method: dict[str, list[ScheduledChunk]] = {}
@@ -260,10 +293,11 @@ class LLMEngine:
         now = time.perf_counter()
         req.first_token_time = req.first_token_time or now
         req.spec.verify_seconds += forward_seconds
-        proposer = self.proposers[req.spec_method] if req.spec_method else None
+        proposer = self.proposers.get(req.spec_method) if req.spec_method else None
+        fell_back = False
         if k:
             req.spec.record(k, num_accepted)
-            self.controllers[req.spec_method].observe(req.request_id, k, num_accepted)
+            fell_back = self.controllers[req.spec_method].observe(req.request_id, k, num_accepted)
             self.counters.record_spec(proposer.name, k, num_accepted)
         status: RequestStatus | None = None
         for j, token in enumerate(new):
@@ -276,6 +310,8 @@ class LLMEngine:
         if decoding:
             req.spec.decode_forwards += 1
             req.spec.decode_tokens += j + 1
+            if proposer is not None:
+                self.controllers[req.spec_method].credit(req.request_id, j + 1)
         self.counters.generated_tokens += j + 1
         self.counters.target_forwards += 1
         req.spec_token_ids, req.num_spec_tokens = [], 0
@@ -289,14 +325,26 @@ class LLMEngine:
             req.num_computed_tokens -= rejected
         if proposer is not None:
             proposer.on_verified(req, k, num_accepted)
+        if fell_back and self.router is not None:
+            self._move(req, "acceptance collapsed")
 
     def _stats(self, req: Request) -> RequestStats:
+        names = [self._proposer_name(i) for i in req.spec_history]
         method = req.spec_method
-        return RequestStats.from_request(req, self.precision, method or "none",
-                                         self.proposers[method].name if method else None)
+        kind = "none" if method is None else (NGRAM if method == NGRAM else "draft_model")
+        return RequestStats.from_request(req, self.precision, kind, self._proposer_name(method) if method else None,
+                                         names)
+
+    def _proposer_name(self, proposer_id: str) -> str:
+        p = self.proposers.get(proposer_id)
+        return p.name if p is not None else proposer_id
 
     def _release(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
+        if req is not None:
+            self._observe_gain(req)
+            if req.spec_method is not None and self.drafts is not None:
+                self.drafts.touch(req.spec_method)
         if req is not None and req.finished:
             self.counters.requests_finished += 1
             self.counters.prompt_tokens += req.num_prompt_tokens
@@ -307,3 +355,79 @@ class LLMEngine:
             proposer.free(request_id)
         for controller in self.controllers.values():
             controller.free(request_id)
+
+    # ---- drafts: routing, loading, unloading ------------------------------------------------------
+    def _observe_gain(self, req: Request) -> None:
+        """Tell the router what the request's current proposer achieved on it."""
+        if self.router is not None and req.spec_domain and req.spec_method in self.controllers:
+            tokens, cost = self.controllers[req.spec_method].gain(req.request_id)
+            self.router.observe(req.spec_domain, req.spec_method, tokens, cost)
+
+    def _move(self, req: Request, reason: str, allow_plain: bool = False) -> None:
+        """Hand a running request to another proposer (the router's next choice). Without one it
+        keeps its proposer (which re-probes), or with `allow_plain` decodes plainly."""
+        old = req.spec_method
+        new = None
+        if self.router is not None:
+            new = self.router.switch(req.spec_domain or "prose", old, set(req.spec_history), self.drafts.candidates())
+        if new is None and not allow_plain:
+            return
+        self._observe_gain(req)
+        if old in self.proposers:
+            self.proposers[old].free(req.request_id)
+            self.controllers[old].free(req.request_id)
+        req.spec_method = new
+        if new is not None:
+            req.spec_history.append(new)
+            self.drafts.touch(new)
+            if new not in self.proposers:
+                self.drafts.load(new)
+        log.info("request %s: %s under %s; now %s", req.request_id, reason, old, new or "plain decoding")
+
+    def poll_drafts(self) -> None:
+        """Install drafts that finished loading, move requests off drafts that failed to, unload idle
+        ones. Runs every step; a server also calls it while idle."""
+        if self.drafts is None:
+            return
+        installed, failed = self.drafts.poll()
+        if installed or failed:
+            self._sync_draft_pools()
+        for req in list(self.requests.values()):
+            if req.spec_method in failed:
+                self._move(req, "its draft failed to load", allow_plain=True)
+        in_use = {r.spec_method for r in self.requests.values()}
+        for proposer_id in self.drafts.idle(in_use):
+            self.unload_draft(proposer_id)
+
+    def _sync_draft_pools(self) -> None:
+        self.scheduler.draft_pools = {i: p.kv for i, p in self.proposers.items() if hasattr(p, "kv")}
+
+    def load_draft(self, model: str) -> str:
+        """Start loading a draft model (registry name or path) in the background; returns its id.
+        A load that fails is reported by draft_status() and the log, and requests skip the draft."""
+        if self.drafts is None:
+            raise ValueError("speculation is not configured on this engine")
+        return self.drafts.add(model)
+
+    def unload_draft(self, model: str) -> str:
+        """Unload a loaded draft now; requests using it move to another proposer (or plain decoding)
+        and keep going. Returns its id."""
+        if self.drafts is None:
+            raise ValueError("speculation is not configured on this engine")
+        from specdec.spec.draft_set import draft_id
+        proposer_id = model if model in self.proposers else draft_id(model)
+        if proposer_id not in self.proposers:
+            raise ValueError(f"draft {model!r} is not loaded")
+        if proposer_id == NGRAM:
+            raise ValueError("n-gram lookup has no weights to unload")
+        for req in list(self.requests.values()):
+            if req.spec_method == proposer_id:
+                self._move(req, "its draft is being unloaded", allow_plain=True)
+        self.drafts.remove(proposer_id)
+        if self.router is not None:
+            self.router.forget(proposer_id)
+        self._sync_draft_pools()
+        return proposer_id
+
+    def draft_status(self) -> list[DraftStatus]:
+        return self.drafts.status() if self.drafts is not None else []

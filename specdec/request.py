@@ -32,7 +32,8 @@ class RequestStatus(enum.Enum):
 class SpecOptions:
     """Per-request control of speculation (the server's `speculative` field)."""
     enabled: bool = True
-    method: str | None = None    # "draft_model" | "ngram"; None: the engine's default
+    method: str | None = None    # "draft_model" | "ngram" | a loaded draft's name | "auto" (the router);
+                                 # None: the router if enabled, else the engine's default
     max_k: int | None = None     # caps the configured k for this request
 
     def __post_init__(self) -> None:
@@ -61,8 +62,11 @@ class Request:
     num_preemptions: int = 0
     logprobs: list[dict[int, float]] = field(default_factory=list)
     spec: SpecStats = field(default_factory=SpecStats)
-    spec_method: str | None = None   # the proposer drafting for this request; None: plain decoding
+    spec_method: str | None = None   # id of the proposer drafting for this request; None: plain decoding
     spec_max_k: int | None = None
+    spec_domain: str | None = None   # the router's guess of the prompt's domain (router only)
+    spec_history: list[str] = field(default_factory=list)  # proposer ids it used, in order
+    background: bool = False         # low priority (shadow A/B): admitted when nothing else waits
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -92,6 +96,8 @@ class RequestStats:
     precision: str
     method: str = "none"        # "none" | "draft_model" | "ngram"
     proposer: str | None = None
+    proposers_used: list[str] = field(default_factory=list)  # more than one when the router switched
+    domain: str | None = None   # the router's domain guess
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     acceptance_rate: float | None = None   # accepted / drafted; None when nothing was drafted
@@ -101,8 +107,8 @@ class RequestStats:
     verify_seconds: float = 0.0
 
     @classmethod
-    def from_request(cls, req: Request, precision: str, method: str = "none",
-                     proposer: str | None = None) -> "RequestStats":
+    def from_request(cls, req: Request, precision: str, method: str = "none", proposer: str | None = None,
+                     proposers_used: list[str] | None = None) -> "RequestStats":
         end = req.finish_time or time.perf_counter()
         first = req.first_token_time or end
         seconds = max(end - req.arrival_time, 1e-9)
@@ -119,6 +125,8 @@ class RequestStats:
             precision=precision,
             method=method,
             proposer=proposer,
+            proposers_used=proposers_used or ([proposer] if proposer else []),
+            domain=req.spec_domain,
             drafted_tokens=req.spec.drafted_tokens,
             accepted_tokens=req.spec.accepted_tokens,
             acceptance_rate=req.spec.acceptance_rate,

@@ -200,7 +200,7 @@ def test_preemption_leaves_outputs_unchanged(preempting_server, tiny_qwen):
     assert [results[i] for i in range(len(prompts))] == [o.text for o in ref]
     m = preempting_server.wait_idle()
     assert m["specdec_preemptions_total"] > 0
-    assert m['specdec_kv_blocks_used{pool="target"}'] == 0 and m['specdec_kv_blocks_used{pool="draft:draft_model"}'] == 0
+    assert m['specdec_kv_blocks_used{pool="target"}'] == 0 and m['specdec_kv_blocks_used{pool="draft:tiny-llama.gguf"}'] == 0
     assert sum(v for k, v in m.items() if k.startswith("specdec_spec_drafted_tokens_total")) > 0, m
 
 

@@ -10,6 +10,8 @@ room for the prompt in the draft pool of the request's proposer (two-pool admiss
 blocks run out, a running request first gives up its speculative slots for the step; if that is not
 enough, a running request is preempted by recompute, youngest first, and goes back to the front of
 the queue. A request that can never fit is refused at add_request; a full queue raises QueueFull.
+Background requests (the server's shadow A/B) have their own queue: they are admitted only when no
+foreground request waits, and they are the first to be preempted.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class Scheduler:
         self.kv = kv
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
+        self.background: deque[Request] = deque()   # low priority: admitted when `waiting` is empty
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.draft_pools: dict[str, KVCacheManager] = {}  # method -> the proposer's KV pool
@@ -42,7 +45,8 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         """Queue a request, refusing one that could never fit the context or the KV pool."""
         n = req.num_prompt_tokens
-        if len(self.waiting) >= self.config.max_queued_requests:
+        queue = self.background if req.background else self.waiting
+        if len(queue) >= self.config.max_queued_requests:
             raise QueueFull(f"the waiting queue is full ({self.config.max_queued_requests} requests)")
         if n == 0:
             raise ValueError("prompt is empty")
@@ -58,10 +62,10 @@ class Scheduler:
             raise ValueError(f"request needs up to {cdiv(worst, pool.block_size)} draft KV blocks; the draft "
                              f"pool has {pool.num_blocks} (raise draft_cache_blocks, lower max_tokens, or "
                              "disable speculation for it)")
-        self.waiting.append(req)
+        queue.append(req)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.background)
 
     # ---- one step -----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -80,7 +84,8 @@ class Scheduler:
                 req.num_spec_tokens = 0  # drafts are optional: drop them before evicting anyone
                 num_new = self._num_new_tokens(req, budget)
             while not self.kv.can_allocate(req.request_id, num_new):
-                victim = self.running[-1]
+                # the youngest background request goes first, then the youngest request
+                victim = next((r for r in reversed(self.running) if r.background), self.running[-1])
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is req:
@@ -92,10 +97,13 @@ class Scheduler:
             scheduled.append(req)
             budget -= num_new
 
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
+        while budget > 0 and len(self.running) < self.config.max_batch_size:
             if preempted:
                 break  # memory is tight this step: don't admit what we just evicted
-            req = self.waiting[0]
+            queue = self.waiting or self.background
+            if not queue:
+                break
+            req = queue[0]
             cached = self.kv.find_cached_prefix(req.all_token_ids)
             num_cached = len(cached) * self.kv.block_size
             req.num_computed_tokens = num_cached
@@ -103,7 +111,7 @@ class Scheduler:
             if not self._can_admit(req, num_new, cached):
                 req.num_computed_tokens = 0
                 break
-            self.waiting.popleft()
+            queue.popleft()
             self.kv.allocate(req.request_id, num_new, cached)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -158,7 +166,7 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        (self.background if req.background else self.waiting).appendleft(req)
 
     # ---- after the forward --------------------------------------------------------------------
     def advance(self, chunk: ScheduledChunk, req: Request) -> None:
@@ -171,10 +179,12 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        elif req in self.background:
+            self.background.remove(req)
         self.kv.free(req.request_id)
 
     def abort(self, request_id: str) -> Request | None:
-        for req in list(self.running) + list(self.waiting):
+        for req in list(self.running) + list(self.waiting) + list(self.background):
             if req.request_id == request_id:
                 self.finish(req, RequestStatus.FINISHED_ABORTED)
                 return req

@@ -7,6 +7,7 @@ nothing in the engine. A client that disconnects aborts its requests (their bloc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -28,7 +29,13 @@ from specdec.request import RequestOutput, SpecOptions
 from specdec.sampling_params import SamplingParams
 from specdec.server.async_engine import AsyncEngine
 from specdec.server.metrics import ServerMetrics
-from specdec.server.protocol import ChatCompletionRequest, CompletionRequest
+from specdec.server.protocol import (
+    AdminDraftRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from specdec.server.shadow import PREFIX as SHADOW_PREFIX
+from specdec.server.shadow import ShadowAB
 
 log = logging.getLogger("specdec.server")
 
@@ -100,8 +107,22 @@ class _Sub:
 def build_app(engine: AsyncEngine, config: ServerConfig, model_name: str) -> FastAPI:
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServerMetrics(engine)
-    engine.on_finished = metrics.finished
-    engine.on_aborted = lambda _: metrics.requests.labels("abort").inc()
+    shadow = (ShadowAB(engine, config.shadow_fraction, metrics.registry, config.shadow_similarity)
+              if config.shadow_fraction > 0 else None)
+
+    def on_finished(out: RequestOutput) -> None:
+        if not out.request_id.startswith(SHADOW_PREFIX):
+            metrics.finished(out)
+        if shadow is not None:
+            shadow.finished(out)
+
+    def on_aborted(request_id: str) -> None:
+        metrics.requests.labels("abort").inc()
+        if shadow is not None:
+            shadow.aborted(request_id)
+
+    engine.on_finished, engine.on_aborted = on_finished, on_aborted
+    engine.on_added = shadow.select if shadow is not None else None
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, on_reject=metrics.rejected)
     served = config.served_model_name or model_name
     expected_auth = hashlib.sha256(f"Bearer {config.api_key}".encode()).digest()
@@ -165,9 +186,37 @@ def build_app(engine: AsyncEngine, config: ServerConfig, model_name: str) -> Fas
         eng = ready_engine()
         card = {"id": served, "object": "model", "created": int(time.time()), "owned_by": "specdec",
                 "max_model_len": eng.max_model_len, "precision": eng.precision,
-                "speculative": {"default": eng.default_method,
+                "speculative": {"default": eng.default_method, "router": eng.router is not None,
                                 "proposers": {m: p.name for m, p in eng.proposers.items()}}}
         return {"object": "list", "data": [card]}
+
+    # ---- admin: drafts ---------------------------------------------------------------------------
+    async def check_admin(request: Request) -> None:
+        if config.api_key is None:  # no key, no admin: these change what the server runs
+            raise APIError(403, "admin endpoints are disabled: start the server with an API key")
+        await check_auth(request)
+
+    def drafts_report(eng) -> dict:
+        return {"default": eng.default_method, "router": eng.router.snapshot() if eng.router else None,
+                "drafts": [dataclasses.asdict(d) for d in eng.draft_status()]}
+
+    @app.get("/admin/drafts", dependencies=[Depends(check_admin)])
+    async def list_drafts():
+        ready_engine()
+        return await engine.call(drafts_report)
+
+    @app.post("/admin/drafts", dependencies=[Depends(check_admin)])
+    async def change_drafts(body: AdminDraftRequest):
+        ready_engine()
+
+        def act(eng):
+            draft = eng.load_draft(body.model) if body.action == "load" else eng.unload_draft(body.model)
+            return {"action": body.action, "id": draft, **drafts_report(eng)}
+        try:
+            result = await engine.call(act)
+        except ValueError as e:
+            raise APIError(400, str(e), "model") from None
+        return JSONResponse(result, status_code=202 if body.action == "load" else 200)
 
     # ---- shared request handling -------------------------------------------------------------------
     def prepare(prompt: str | list[int], max_tokens: int | None, param: str) -> tuple[list[int], int]:
@@ -410,7 +459,13 @@ async def _collect(streams: list[AsyncIterator[RequestOutput]], request: Request
 def _usage_of(subs: list[_Sub], outs: list[RequestOutput]) -> dict:
     prompt = sum({s.prompt_index: s.prompt_tokens for s in subs}.values())  # once per prompt, whatever n
     completion = sum(len(o.token_ids) for o in outs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    # extension fields: which proposer(s) drafted (none: plain decoding)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "proposer": outs[0].stats.proposer if outs else None, "proposers_used": _proposers_used(outs)}
+
+
+def _proposers_used(outs: list[RequestOutput]) -> list[str]:
+    return list(dict.fromkeys(name for o in outs for name in o.stats.proposers_used))
 
 
 def _spec_summary(outs: list[RequestOutput]) -> dict:
@@ -419,6 +474,8 @@ def _spec_summary(outs: list[RequestOutput]) -> dict:
     tokens = sum(o.stats.generated_tokens for o in outs) or 1
     mal = sum(o.stats.mean_accepted_length * o.stats.generated_tokens for o in outs) / tokens
     return {"proposer": outs[0].stats.proposer if outs else None, "method": outs[0].stats.method if outs else "none",
+            "proposers_used": _proposers_used(outs),
+            "domain": outs[0].stats.domain if outs else None,
             "drafted_tokens": drafted, "accepted_tokens": accepted,
             "acceptance_rate": accepted / drafted if drafted else None, "mean_accepted_length": mal}
 

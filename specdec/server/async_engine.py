@@ -35,6 +35,7 @@ class AsyncEngine:
         self._stop = False
         self.on_finished: Callable[[RequestOutput], None] | None = None  # metrics hooks (engine thread)
         self.on_aborted: Callable[[str], None] | None = None
+        self.on_added: Callable[[str, list[int], SamplingParams, SpecOptions | None], None] | None = None
         self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
 
     def start(self) -> None:
@@ -85,11 +86,23 @@ class AsyncEngine:
     def _add(self, rid: str, prompt: str | list[int], params: SamplingParams, spec: SpecOptions | None) -> None:
         with self._wake:
             assert self.engine is not None, "engine not ready"
-            self.engine.add_request(prompt, params, request_id=rid, speculative=spec)
+            req = self.engine.add_request(prompt, params, request_id=rid, speculative=spec)
+            if self.on_added is not None:
+                self.on_added(rid, req.prompt_token_ids, params, spec)
             self._wake.notify()
 
     def abort(self, request_id: str) -> None:
         self._aborts.put(request_id)
+
+    async def call(self, fn: Callable[[LLMEngine], object]) -> object:
+        """Run fn(engine) between two steps (admin actions); its exceptions propagate."""
+        def locked():
+            with self._wake:
+                assert self.engine is not None, "engine not ready"
+                result = fn(self.engine)
+                self._wake.notify()
+                return result
+        return await asyncio.to_thread(locked)
 
     # ---- engine thread --------------------------------------------------------------------------
     def _run(self) -> None:
@@ -107,6 +120,7 @@ class AsyncEngine:
                 while not self._stop and not engine.has_unfinished():
                     self._wake.wait(timeout=0.1)
                     self._apply_aborts(engine)
+                    engine.poll_drafts()  # finished loads, idle unloads
                 if self._stop:
                     return
                 try:

@@ -24,6 +24,8 @@ class ServerMetrics:
                               buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.tpot = Histogram("specdec_time_per_output_token_seconds", "Decode time per output token after the first",
                               buckets=_TPOT_BUCKETS, registry=self.registry)
+        self.by_proposer = Counter("specdec_requests_by_proposer", "Finished requests by the proposer(s) that "
+                                   "drafted for them (none: plain decoding)", ["proposer"], registry=self.registry)
         self.e2e = Histogram("specdec_e2e_request_latency_seconds", "Submission to last token",
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_EngineCollector(engine))
@@ -31,6 +33,8 @@ class ServerMetrics:
     def finished(self, out: RequestOutput) -> None:
         s = out.stats
         self.requests.labels(out.finish_reason or "unknown").inc()
+        for name in s.proposers_used or ["none"]:
+            self.by_proposer.labels(name).inc()
         self.ttft.observe(s.ttft_seconds)
         self.e2e.observe(s.seconds)
         if s.generated_tokens > 1:
@@ -57,6 +61,11 @@ class _EngineCollector:
                     for name, st in c.by_proposer.items()}
             ctrl = {p.name: (eng.controllers[m].num_fallbacks, eng.controllers[m].num_reprobes,
                              eng.controllers[m].num_resumes) for m, p in eng.proposers.items()}
+            drafts = [(d.id, d.state) for d in eng.draft_status()]
+            ds = eng.drafts
+            lifecycle = (ds.num_loads, ds.num_unloads, ds.num_load_failures) if ds else (0, 0, 0)
+            router = eng.router.snapshot() if eng.router else {}
+            switches = eng.router.num_switches if eng.router else 0
             snap = (c.prompt_tokens, c.generated_tokens, c.target_forwards, c.proposer_errors,
                     len(sched.waiting), len(sched.running), sched.num_preemptions)
         prompt, generated, forwards, errors, waiting, running, preemptions = snap
@@ -101,6 +110,23 @@ class _EngineCollector:
             reprobes.add_metric([name], rp)
             resumes.add_metric([name], rs)
         yield from (drafted, accepted, rate, mal, pos, fallbacks, reprobes, resumes)
+        state = GaugeMetricFamily("specdec_draft_state", "1 for each draft's current state", labels=["draft", "state"])
+        for draft, st in drafts:
+            state.add_metric([draft, st], 1)
+        yield state
+        for name, doc, value in zip(("specdec_draft_loads", "specdec_draft_unloads", "specdec_draft_load_failures"),
+                                    ("Drafts loaded at run time", "Drafts unloaded", "Draft loads that failed"),
+                                    lifecycle):
+            yield _counter(name, doc, value)
+        gain = GaugeMetricFamily("specdec_router_gain", "Router: discounted mean decode tokens per unit cost",
+                                 labels=["domain", "proposer"])
+        choices = CounterMetricFamily("specdec_router_choices", "Router: requests routed", labels=["domain", "proposer"])
+        for domain, arms in router.items():
+            for proposer, a in arms.items():
+                gain.add_metric([domain, proposer], a["gain"])
+                choices.add_metric([domain, proposer], a["choices"])
+        yield from (gain, choices, _counter("specdec_router_switches", "Router: mid-request switches after an "
+                                                                       "acceptance collapse", switches))
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

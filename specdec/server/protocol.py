@@ -21,11 +21,17 @@ class _Strict(BaseModel):
 
 class SpeculativeRequest(_Strict):
     enabled: bool = True
-    method: Literal["draft_model", "ngram"] | None = None
+    # "draft_model", "ngram", "auto" (the router) or the id of a configured draft
+    method: str | None = Field(default=None, min_length=1, max_length=200)
     max_k: int | None = Field(default=None, ge=0, le=16)
 
     def options(self) -> SpecOptions:
         return SpecOptions(self.enabled, self.method, self.max_k)
+
+
+class AdminDraftRequest(_Strict):
+    action: Literal["load", "unload"]
+    model: str = Field(min_length=1, max_length=1000)   # registry name, path, or a loaded draft's id
 
 
 class StreamOptions(_Strict):

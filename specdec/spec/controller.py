@@ -88,11 +88,16 @@ class RequestSpecState:
     probing: bool = False
     disabled: bool = False      # the proposer failed for this request
     guard_countdown: int = 0    # long-output guard: plain steps left before the next round
+    tokens: int = 0             # decode tokens produced while this proposer served the request ...
+    cost: float = 0.0           # ... and their cost (this request's share of each step; see charge())
 
 
 class SpecController:
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, draft_cost_ratio: float | None = None) -> None:
+        """`draft_cost_ratio`: this proposer's static t_draft / t_target (n-gram lookup: ~0),
+        overriding the config's, which describes a draft model."""
         self.config = config
+        self.draft_cost_ratio = config.draft_cost_ratio if draft_cost_ratio is None else draft_cost_ratio
         self.max_k = config.num_speculative_tokens
         self.states: dict[str, RequestSpecState] = {}
         self.draft_costs = CostTable(config.ema_alpha)   # rows in the draft forward -> seconds per step
@@ -182,29 +187,49 @@ class SpecController:
         cfg = self.config
         unit = self._unit(batch_size)
         if unit is None:  # static model, in units of one target step
-            return k * cfg.draft_cost_ratio + 1.0 + cfg.verify_cost_slope * k
+            return k * self.draft_cost_ratio + 1.0 + cfg.verify_cost_slope * k
         verify = self.verify_costs.estimate(batch_size * (k + 1))
         if k == 0:
             return verify
         draft = self.draft_costs.estimate(batch_size)
-        return k * (draft if draft is not None else unit * cfg.draft_cost_ratio) + verify
+        return k * (draft if draft is not None else unit * self.draft_cost_ratio) + verify
 
     def _catch_up_cost(self, tokens: int, batch_size: int) -> float:
         cfg = self.config
         unit = self._unit(batch_size)
         if unit is None:
-            return tokens * cfg.prefill_cost_ratio * cfg.draft_cost_ratio
+            return tokens * cfg.prefill_cost_ratio * self.draft_cost_ratio
         draft = self.draft_costs.prefill(tokens)
         if draft is not None:
             return draft
         target = self.verify_costs.prefill(tokens)
-        return (target if target is not None else tokens * cfg.prefill_cost_ratio * unit) * cfg.draft_cost_ratio
+        return (target if target is not None else tokens * cfg.prefill_cost_ratio * unit) * self.draft_cost_ratio
+
+    # ---- the request's gain (what the router learns from) ----------------------------------------
+    def charge(self, request_id: str, k: int, batch_size: int, catch_up: int = 0) -> None:
+        """Account this request's share of a decode step with k drafts (plus the draft's catch-up
+        prefill when it drafts): measured costs, or static ones in deterministic mode, so the
+        router's tokens-per-cost is reproducible there."""
+        st = self._state(request_id)
+        cost = self._step_cost(k, batch_size) / batch_size
+        if k and catch_up > 1:
+            cost += self._catch_up_cost(catch_up, 1)
+        st.cost += cost
+
+    def credit(self, request_id: str, num_tokens: int) -> None:
+        self._state(request_id).tokens += num_tokens
+
+    def gain(self, request_id: str) -> tuple[int, float]:
+        """(decode tokens, their cost) since this proposer took the request."""
+        st = self.states.get(request_id)
+        return (st.tokens, st.cost) if st else (0, 0.0)
 
     # ---- observations -------------------------------------------------------------------------
-    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
-        """One verification of num_drafted drafts, of which the first num_accepted were kept."""
+    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> bool:
+        """One verification of num_drafted drafts, of which the first num_accepted were kept.
+        Returns True when this observation made the health check fall back to plain decoding."""
         if num_drafted == 0:
-            return
+            return False
         st = self._state(request_id)
         decay = self.config.acceptance_decay
         for j in range(min(num_drafted, num_accepted + 1)):  # positions reached
@@ -220,7 +245,10 @@ class SpecController:
                 st.k = min(st.k + 1, self.max_k)
             elif rate < 0.5:
                 st.k = max(st.k - 1, 1)
+        was_fallback = st.fallback
         self._health(request_id, st, num_drafted, num_accepted)
+        return st.fallback and not was_fallback
+
     def _health(self, request_id: str, st: RequestSpecState, drafted: int, accepted: int) -> None:
         cfg = self.config
         if st.probing:

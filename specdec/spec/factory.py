@@ -1,16 +1,15 @@
-"""Build the proposers (the one place that knows every proposer class)."""
+"""Build proposers (the one place that knows every proposer class)."""
 from __future__ import annotations
 
 import sys
 
 import torch
 
-from specdec.config import EngineConfig
+from specdec.config import EngineConfig, SpeculativeConfig
 from specdec.models import registry
 from specdec.models.loader import LoadedModel, load_model
 from specdec.spec.draft_model import DraftModelProposer, check_same_vocabulary
 from specdec.spec.ngram import NgramProposer
-from specdec.spec.proposer import Proposer
 
 
 def default_draft(target_name: str) -> str | None:
@@ -18,17 +17,8 @@ def default_draft(target_name: str) -> str | None:
     return entry.default_draft if entry else None
 
 
-def build_proposers(config: EngineConfig, target: LoadedModel, draft_loaded: LoadedModel | None,
-                    max_model_len: int, progress: bool = True) -> dict[str, Proposer]:
-    """The configured proposer, plus n-gram lookup (free: no weights, no cache) so that requests
-    may choose it instead."""
-    spec = config.speculative
-    assert spec is not None
-    proposers: dict[str, Proposer] = {}
-    if spec.method == "draft_model":
-        proposers["draft_model"] = build_draft_proposer(config, target, draft_loaded, max_model_len, progress)
-    proposers["ngram"] = NgramProposer(spec.ngram_max, spec.ngram_min)
-    return proposers
+def build_ngram_proposer(spec: SpeculativeConfig) -> NgramProposer:
+    return NgramProposer(spec.ngram_max, spec.ngram_min)
 
 
 def build_draft_proposer(config: EngineConfig, target: LoadedModel, draft_loaded: LoadedModel | None,

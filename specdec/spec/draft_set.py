@@ -1,0 +1,192 @@
+"""DraftSet: the proposers an engine may draft with, by id, and their lifecycle.
+
+Ids: "ngram" for prompt lookup (no weights: always loaded) and the model's name for a draft model
+(its registry name, or the file/folder name of a path). The configured draft is loaded with the
+engine and stays; `extra_drafts`, and drafts added at run time (`POST /admin/drafts`), load on
+first use on a background thread, so no step waits for a load and no request fails because of one:
+until a draft is ready (or when it fails to load: reported, then skipped) its requests draft with
+what is loaded or decode plainly. A lazily loaded draft that no request used for
+`draft_idle_seconds` is unloaded. Everything here runs on the engine thread except the load itself.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec.config import EngineConfig
+from specdec.models import registry
+from specdec.models.loader import LoadedModel
+from specdec.spec.controller import SpecController
+from specdec.spec.proposer import Proposer
+
+log = logging.getLogger("specdec.spec")
+NGRAM = "ngram"
+_NGRAM_COST_RATIO = 0.01   # a lookup in the token list: next to nothing per draft token
+
+
+def draft_id(model: str) -> str:
+    """The id a draft model reference gets (what the loader names it)."""
+    return model if model in registry.REGISTRY else Path(model).expanduser().name
+
+
+@dataclass
+class DraftStatus:
+    id: str
+    model: str | None        # the reference it loads from (None for n-gram lookup)
+    state: str               # "loaded" | "loading" | "unloaded" | "failed"
+    pinned: bool             # loaded with the engine, never unloaded for idleness
+    error: str | None = None
+    idle_seconds: float | None = None
+
+
+class DraftSet:
+    def __init__(self, config: EngineConfig, target: LoadedModel, max_model_len: int,
+                 draft_loaded: LoadedModel | None = None, progress: bool = True) -> None:
+        from specdec.spec.factory import build_draft_proposer, build_ngram_proposer
+        spec = config.speculative
+        assert spec is not None
+        self.config, self.target, self.max_model_len = config, target, max_model_len
+        self.proposers: dict[str, Proposer] = {}
+        self.controllers: dict[str, SpecController] = {}
+        self.models: dict[str, str] = {}        # draft id -> model reference, for every known draft
+        self.errors: dict[str, str] = {}
+        self.pinned: set[str] = {NGRAM}
+        self.last_used: dict[str, float] = {}
+        self.num_loads = self.num_unloads = self.num_load_failures = 0
+        self._loading: dict[str, Future] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self.default_id = NGRAM
+        if spec.method == "draft_model":
+            proposer = build_draft_proposer(config, target, draft_loaded, max_model_len, progress)
+            self.default_id = proposer.name
+            self.models[proposer.name] = spec.draft_model or proposer.name
+            self.pinned.add(proposer.name)
+            self._install(proposer.name, proposer)
+        self._install(NGRAM, build_ngram_proposer(spec))
+        for model in spec.extra_drafts:
+            self.models.setdefault(draft_id(model), model)
+
+    # ---- queries ------------------------------------------------------------------------------
+    def resolve(self, method: str) -> str:
+        """A request's `method` ("draft_model", "ngram" or a draft id) -> a known proposer id."""
+        if method == "draft_model":
+            drafts = [i for i in self.proposers if i != NGRAM] or [i for i in self.models]
+            if self.default_id != NGRAM:
+                return self.default_id
+            if not drafts:
+                raise ValueError("method 'draft_model' is not loaded: no draft model is configured "
+                                 "(use 'ngram', or load a draft)")
+            return drafts[0]
+        if method == NGRAM or method in self.models:
+            return method
+        known = ", ".join([NGRAM, *self.models])
+        raise ValueError(f"unknown speculative method or draft {method!r} (known: {known})")
+
+    def candidates(self) -> list[str]:
+        """Proposers a router may pick: loaded ones and known drafts that did not fail to load."""
+        ids = list(self.proposers) + [i for i in self.models if i not in self.proposers]
+        return [i for i in ids if i not in self.errors]
+
+    def status(self) -> list[DraftStatus]:
+        now = time.monotonic()
+        rows = []
+        for i in dict.fromkeys([*self.proposers, *self.models]):
+            state = ("loaded" if i in self.proposers else "loading" if i in self._loading
+                     else "failed" if i in self.errors else "unloaded")
+            idle = now - self.last_used[i] if i in self.last_used and i in self.proposers else None
+            rows.append(DraftStatus(i, self.models.get(i), state, i in self.pinned, self.errors.get(i), idle))
+        return rows
+
+    # ---- lifecycle (engine thread) ------------------------------------------------------------
+    def touch(self, proposer_id: str) -> None:
+        self.last_used[proposer_id] = time.monotonic()
+
+    def add(self, model: str) -> str:
+        """Make a draft model known (by name or path) and start loading it. Returns its id."""
+        i = draft_id(model)
+        if i == NGRAM:
+            raise ValueError("'ngram' names prompt lookup, not a draft model")
+        self.models.setdefault(i, model)
+        self.errors.pop(i, None)
+        self.load(i)
+        return i
+
+    def load(self, proposer_id: str) -> None:
+        """Start loading a known draft in the background (no-op if loaded or loading)."""
+        if proposer_id in self.proposers or proposer_id in self._loading or proposer_id in self.errors:
+            return  # a failed draft is retried only when added again
+        if proposer_id not in self.models:
+            raise ValueError(f"unknown draft {proposer_id!r}")
+        from specdec.spec.factory import build_draft_proposer
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-draft-load")
+        config, model = self.config, self.models[proposer_id]
+        spec = config.speculative
+        assert spec is not None
+        lazy = EngineConfig(model=config.model, cache=config.cache, scheduler=config.scheduler,
+                            speculative=type(spec)(method="draft_model", draft_model=model,
+                                                   num_speculative_tokens=spec.num_speculative_tokens))
+        log.info("loading draft %s from %s", proposer_id, model)
+        self._loading[proposer_id] = self._executor.submit(
+            build_draft_proposer, lazy, self.target, None, self.max_model_len, False)
+
+    def poll(self) -> tuple[list[str], list[str]]:
+        """Install finished loads and report failed ones. Returns (ids installed, ids failed)."""
+        installed, failed = [], []
+        for i, future in list(self._loading.items()):
+            if not future.done():
+                continue
+            del self._loading[i]
+            try:
+                proposer = future.result()
+            except Exception as e:  # noqa: BLE001 - a bad draft is reported and skipped, never fatal
+                self.errors[i] = str(e) or type(e).__name__
+                self.num_load_failures += 1
+                log.error("draft %s failed to load: %s; requests will not use it", i, self.errors[i])
+                failed.append(i)
+                continue
+            if proposer.name != i:  # the file names itself differently: keep the id it was asked by
+                proposer.name = i
+            self._install(i, proposer)
+            self.num_loads += 1
+            log.info("draft %s loaded", i)
+            installed.append(i)
+        return installed, failed
+
+    def idle(self, in_use: set[str]) -> list[str]:
+        """Loaded, unpinned drafts unused for draft_idle_seconds (and by no unfinished request)."""
+        limit = self.config.speculative.draft_idle_seconds if self.config.speculative else None
+        if limit is None:
+            return []
+        now = time.monotonic()
+        return [i for i in self.proposers if i not in self.pinned and i not in in_use
+                and now - self.last_used.get(i, now) > limit]
+
+    def remove(self, proposer_id: str) -> None:
+        """Drop a loaded draft (the engine has already moved its requests elsewhere)."""
+        if proposer_id == NGRAM:
+            raise ValueError("n-gram lookup has no weights to unload")
+        if proposer_id not in self.proposers:
+            raise ValueError(f"draft {proposer_id!r} is not loaded")
+        del self.proposers[proposer_id]
+        del self.controllers[proposer_id]
+        self.pinned.discard(proposer_id)
+        self.num_unloads += 1
+        log.info("draft %s unloaded", proposer_id)
+
+    def wait_loaded(self, timeout: float | None = None) -> None:
+        """Block until pending loads finish (offline use and tests; the server never waits)."""
+        for future in list(self._loading.values()):
+            try:
+                future.result(timeout=timeout)
+            except Exception:  # noqa: BLE001 - recorded by poll()
+                pass
+
+    def _install(self, proposer_id: str, proposer: Proposer) -> None:
+        ratio = _NGRAM_COST_RATIO if proposer.method == NGRAM else None
+        self.proposers[proposer_id] = proposer
+        self.controllers[proposer_id] = SpecController(self.config.speculative, draft_cost_ratio=ratio)
+        self.last_used[proposer_id] = time.monotonic()
