@@ -61,18 +61,14 @@ class LLMEngine:
         self.counters = EngineCounters()
         # the loaded proposers by id (the configured one first); each has its own controller
         self.drafts: DraftSet | None = None
-        self.router: DraftRouter | None = None
         self.proposers: dict[str, Proposer] = {}
         self.controllers: dict[str, SpecController] = {}
         self.default_method: str | None = None   # id of the configured proposer
         if config.speculative is not None:
-            self.drafts = DraftSet(config, self.loaded, self.max_model_len, draft_loaded, progress)
+            self.drafts = DraftSet(config, self.loaded, self.max_model_len, self.scheduler, draft_loaded, progress)
             self.proposers, self.controllers = self.drafts.proposers, self.drafts.controllers
             self.default_method = self.drafts.default_id
-            self._sync_draft_pools()
             self.scheduler.spec_reserve = config.speculative.num_speculative_tokens
-            if config.speculative.router:
-                self.router = DraftRouter(config.speculative.router_exploration)
         self.requests: dict[str, Request] = {}
         self._generators: dict[str, torch.Generator] = {}
         self._drafts: dict[str, DraftProposal] = {}
@@ -326,7 +322,7 @@ class LLMEngine:
         if proposer is not None:
             proposer.on_verified(req, k, num_accepted)
         if fell_back and self.router is not None:
-            self._move(req, "acceptance collapsed")
+            self.drafts.move(req, "acceptance collapsed")
 
     def _stats(self, req: Request) -> RequestStats:
         names = [self._proposer_name(i) for i in req.spec_history]
@@ -341,10 +337,9 @@ class LLMEngine:
 
     def _release(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
-        if req is not None:
-            self._observe_gain(req)
-            if req.spec_method is not None and self.drafts is not None:
-                self.drafts.touch(req.spec_method)
+        if req is not None and req.spec_method is not None and self.drafts is not None:
+            self.drafts.observe_gain(req)
+            self.drafts.touch(req.spec_method)
         if req is not None and req.finished:
             self.counters.requests_finished += 1
             self.counters.prompt_tokens += req.num_prompt_tokens
@@ -356,51 +351,16 @@ class LLMEngine:
         for controller in self.controllers.values():
             controller.free(request_id)
 
-    # ---- drafts: routing, loading, unloading ------------------------------------------------------
-    def _observe_gain(self, req: Request) -> None:
-        """Tell the router what the request's current proposer achieved on it."""
-        if self.router is not None and req.spec_domain and req.spec_method in self.controllers:
-            tokens, cost = self.controllers[req.spec_method].gain(req.request_id)
-            self.router.observe(req.spec_domain, req.spec_method, tokens, cost)
-
-    def _move(self, req: Request, reason: str, allow_plain: bool = False) -> None:
-        """Hand a running request to another proposer (the router's next choice). Without one it
-        keeps its proposer (which re-probes), or with `allow_plain` decodes plainly."""
-        old = req.spec_method
-        new = None
-        if self.router is not None:
-            new = self.router.switch(req.spec_domain or "prose", old, set(req.spec_history), self.drafts.candidates())
-        if new is None and not allow_plain:
-            return
-        self._observe_gain(req)
-        if old in self.proposers:
-            self.proposers[old].free(req.request_id)
-            self.controllers[old].free(req.request_id)
-        req.spec_method = new
-        if new is not None:
-            req.spec_history.append(new)
-            self.drafts.touch(new)
-            if new not in self.proposers:
-                self.drafts.load(new)
-        log.info("request %s: %s under %s; now %s", req.request_id, reason, old, new or "plain decoding")
+    # ---- drafts (spec/draft_set.py does the work) -----------------------------------------------
+    @property
+    def router(self) -> DraftRouter | None:
+        return self.drafts.router if self.drafts is not None else None
 
     def poll_drafts(self) -> None:
         """Install drafts that finished loading, move requests off drafts that failed to, unload idle
         ones. Runs every step; a server also calls it while idle."""
-        if self.drafts is None:
-            return
-        installed, failed = self.drafts.poll()
-        if installed or failed:
-            self._sync_draft_pools()
-        for req in list(self.requests.values()):
-            if req.spec_method in failed:
-                self._move(req, "its draft failed to load", allow_plain=True)
-        in_use = {r.spec_method for r in self.requests.values()}
-        for proposer_id in self.drafts.idle(in_use):
-            self.unload_draft(proposer_id)
-
-    def _sync_draft_pools(self) -> None:
-        self.scheduler.draft_pools = {i: p.kv for i, p in self.proposers.items() if hasattr(p, "kv")}
+        if self.drafts is not None:
+            self.drafts.update(list(self.requests.values()))
 
     def load_draft(self, model: str) -> str:
         """Start loading a draft model (registry name or path) in the background; returns its id.
@@ -414,20 +374,7 @@ class LLMEngine:
         and keep going. Returns its id."""
         if self.drafts is None:
             raise ValueError("speculation is not configured on this engine")
-        from specdec.spec.draft_set import draft_id
-        proposer_id = model if model in self.proposers else draft_id(model)
-        if proposer_id not in self.proposers:
-            raise ValueError(f"draft {model!r} is not loaded")
-        if proposer_id == NGRAM:
-            raise ValueError("n-gram lookup has no weights to unload")
-        for req in list(self.requests.values()):
-            if req.spec_method == proposer_id:
-                self._move(req, "its draft is being unloaded", allow_plain=True)
-        self.drafts.remove(proposer_id)
-        if self.router is not None:
-            self.router.forget(proposer_id)
-        self._sync_draft_pools()
-        return proposer_id
+        return self.drafts.unload(model, list(self.requests.values()))
 
     def draft_status(self) -> list[DraftStatus]:
         return self.drafts.status() if self.drafts is not None else []

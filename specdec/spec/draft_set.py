@@ -6,7 +6,10 @@ engine and stays; `extra_drafts`, and drafts added at run time (`POST /admin/dra
 first use on a background thread, so no step waits for a load and no request fails because of one:
 until a draft is ready (or when it fails to load: reported, then skipped) its requests draft with
 what is loaded or decode plainly. A lazily loaded draft that no request used for
-`draft_idle_seconds` is unloaded. Everything here runs on the engine thread except the load itself.
+`draft_idle_seconds` is unloaded, and unloading one under load moves its requests to another
+proposer (the router's next choice) or to plain decoding, mid-stream. With `router` on, the
+DraftRouter picks each new request's proposer and takes over requests whose acceptance collapses.
+Everything here runs on the engine thread except the load itself.
 """
 from __future__ import annotations
 
@@ -17,10 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.config import EngineConfig
+from specdec.core.scheduler import Scheduler
 from specdec.models import registry
 from specdec.models.loader import LoadedModel
+from specdec.request import Request
 from specdec.spec.controller import SpecController
 from specdec.spec.proposer import Proposer
+from specdec.spec.router import DraftRouter
 
 log = logging.getLogger("specdec.spec")
 NGRAM = "ngram"
@@ -43,12 +49,14 @@ class DraftStatus:
 
 
 class DraftSet:
-    def __init__(self, config: EngineConfig, target: LoadedModel, max_model_len: int,
+    def __init__(self, config: EngineConfig, target: LoadedModel, max_model_len: int, scheduler: Scheduler,
                  draft_loaded: LoadedModel | None = None, progress: bool = True) -> None:
         from specdec.spec.factory import build_draft_proposer, build_ngram_proposer
         spec = config.speculative
         assert spec is not None
         self.config, self.target, self.max_model_len = config, target, max_model_len
+        self.scheduler = scheduler   # its draft_pools follow the loaded drafts
+        self.router = DraftRouter(spec.router_exploration) if spec.router else None
         self.proposers: dict[str, Proposer] = {}
         self.controllers: dict[str, SpecController] = {}
         self.models: dict[str, str] = {}        # draft id -> model reference, for every known draft
@@ -68,6 +76,7 @@ class DraftSet:
         self._install(NGRAM, build_ngram_proposer(spec))
         for model in spec.extra_drafts:
             self.models.setdefault(draft_id(model), model)
+        self._sync_pools()
 
     # ---- queries ------------------------------------------------------------------------------
     def resolve(self, method: str) -> str:
@@ -190,3 +199,60 @@ class DraftSet:
         self.proposers[proposer_id] = proposer
         self.controllers[proposer_id] = SpecController(self.config.speculative, draft_cost_ratio=ratio)
         self.last_used[proposer_id] = time.monotonic()
+
+    # ---- requests across drafts (engine thread) -------------------------------------------------
+    def update(self, requests: list[Request]) -> None:
+        """Install finished loads, move requests off drafts that failed to load, unload idle drafts."""
+        installed, failed = self.poll()
+        if installed or failed:
+            self._sync_pools()
+        for req in requests:
+            if req.spec_method in failed:
+                self.move(req, "its draft failed to load", allow_plain=True)
+        for proposer_id in self.idle({r.spec_method for r in requests}):
+            self.unload(proposer_id, requests)
+
+    def unload(self, model: str, requests: list[Request]) -> str:
+        """Unload a loaded draft now; its requests move elsewhere and keep going. Returns its id."""
+        proposer_id = model if model in self.proposers else draft_id(model)
+        if proposer_id == NGRAM:
+            raise ValueError("n-gram lookup has no weights to unload")
+        if proposer_id not in self.proposers:
+            raise ValueError(f"draft {model!r} is not loaded")
+        for req in requests:
+            if req.spec_method == proposer_id:
+                self.move(req, "its draft is being unloaded", allow_plain=True)
+        self.remove(proposer_id)
+        if self.router is not None:
+            self.router.forget(proposer_id)
+        self._sync_pools()
+        return proposer_id
+
+    def move(self, req: Request, reason: str, allow_plain: bool = False) -> None:
+        """Hand a running request to another proposer (the router's next choice). Without one it
+        keeps its proposer (which re-probes), or with `allow_plain` decodes plainly."""
+        old = req.spec_method
+        new = None
+        if self.router is not None:
+            new = self.router.switch(req.spec_domain or "prose", old, set(req.spec_history), self.candidates())
+        if new is None and not allow_plain:
+            return
+        self.observe_gain(req)
+        if old in self.proposers:
+            self.proposers[old].free(req.request_id)
+            self.controllers[old].free(req.request_id)
+        req.spec_method = new
+        if new is not None:
+            req.spec_history.append(new)
+            self.touch(new)
+            self.load(new)
+        log.info("request %s: %s under %s; now %s", req.request_id, reason, old, new or "plain decoding")
+
+    def observe_gain(self, req: Request) -> None:
+        """Tell the router what the request's current proposer achieved on it."""
+        if self.router is not None and req.spec_domain and req.spec_method in self.controllers:
+            tokens, cost = self.controllers[req.spec_method].gain(req.request_id)
+            self.router.observe(req.spec_domain, req.spec_method, tokens, cost)
+
+    def _sync_pools(self) -> None:
+        self.scheduler.draft_pools = {i: p.kv for i, p in self.proposers.items() if hasattr(p, "kv")}
