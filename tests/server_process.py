@@ -1,6 +1,7 @@
 """A `specdec serve` process on a free loopback port, for the server tests."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -82,3 +83,18 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self._log.close()
+
+
+def http_json(server: ServerProcess, path: str, body: bytes | dict | None = None, key: str | None = None,
+              headers: dict | None = None) -> tuple[int, dict]:
+    """(status, JSON body) of a GET (body None) or POST, HTTP errors included."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(server.url + path, data=data, method="GET" if data is None else "POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

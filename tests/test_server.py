@@ -10,10 +10,10 @@ import urllib.error
 import urllib.request
 
 import pytest
-from openai import AuthenticationError, BadRequestError
-
 from conftest import engine_config
-from server_process import ServerProcess
+from openai import AuthenticationError, BadRequestError
+from server_process import ServerProcess, http_json
+
 from specdec.config import load_yaml_config
 from specdec.llm import LLM
 from specdec.sampling_params import SamplingParams
@@ -23,16 +23,7 @@ KEY = "sekret-key"
 
 def post(server: ServerProcess, path: str, body: bytes | dict, key: str | None = KEY,
          headers: dict | None = None) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(server.url + path, data=data, method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return http_json(server, path, body, key, headers)
 
 
 @pytest.fixture(scope="module")
@@ -257,8 +248,8 @@ def test_bench_serve_writes_json_and_plot(tiny_qwen, tmp_path):
 
 def test_health_is_503_until_the_models_are_loaded(tiny_qwen):
     import uvicorn
-
     from server_process import free_port
+
     from specdec.config import ServerConfig
     from specdec.engine import LLMEngine
     from specdec.server.app import build_app

@@ -4,16 +4,13 @@ that fails to load is reported and skipped, the admin endpoints need the API key
 exports an exact-match rate of 1 for greedy traffic."""
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
-
 from conftest import engine_config
-from server_process import ServerProcess
+from server_process import ServerProcess, http_json
+
 from specdec.llm import LLM
 from specdec.sampling_params import SamplingParams
 
@@ -22,16 +19,7 @@ DRAFT = "tiny-llama.gguf"
 
 
 def call(server: ServerProcess, path: str, body: dict | None = None, key: str | None = KEY) -> tuple[int, dict]:
-    req = urllib.request.Request(server.url + path, data=None if body is None else json.dumps(body).encode(),
-                                 method="GET" if body is None else "POST",
-                                 headers={"Content-Type": "application/json"})
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return http_json(server, path, body, key)
 
 
 def states(server: ServerProcess) -> dict[str, str]:
