@@ -28,7 +28,8 @@ def post(server: ServerProcess, path: str, body: bytes | dict, key: str | None =
 
 @pytest.fixture(scope="module")
 def strict_server(tiny_qwen, tmp_path_factory):
-    """One running request at a time and one waiting: easy to fill the queue."""
+    """One running request at a time and two waiting (room for the n = 2 test's choices, which may
+    both be queued before the first is admitted): easy to fill the queue."""
     d = tmp_path_factory.mktemp("strict")
     cfg = d / "config.yaml"
     cfg.write_text(f"""
@@ -37,7 +38,7 @@ execution_config:
   draft_model: ngram
   speculation_length: 3
   max_batch_size: 1
-  max_queued_requests: 1
+  max_queued_requests: 2
 server:
   max_n: 2
 """)
@@ -113,21 +114,23 @@ def _stream_some(server: ServerProcess, started: threading.Event, chunks: int | 
 
 
 def test_queue_full_gets_429_and_abort_frees_blocks(strict_server):
-    # one request running (max_batch_size 1), one waiting (max_queued_requests 1): the next is refused
-    first, second = threading.Event(), threading.Event()
+    # one request running (max_batch_size 1), two waiting (max_queued_requests 2): the next is refused
+    first, second, third = threading.Event(), threading.Event(), threading.Event()
     t1 = threading.Thread(target=_stream_some, args=(strict_server, first, None))
     t1.start()
     first.wait(30)
     deadline = time.time() + 30
     while strict_server.metrics()["specdec_num_requests_running"] < 1 and time.time() < deadline:
         time.sleep(0.05)
-    t2 = threading.Thread(target=_stream_some, args=(strict_server, second, 2))
-    t2.start()
-    second.wait(30)
+    waiting = [threading.Thread(target=_stream_some, args=(strict_server, ev, 2)) for ev in (second, third)]
+    for t, ev in zip(waiting, (second, third)):
+        t.start()
+        ev.wait(30)
     status, err = post(strict_server, "/v1/completions", {"prompt": "x", "max_tokens": 2})
     assert status == 429 and err["error"]["type"] == "rate_limit_error"
     t1.join(120)
-    t2.join(120)
+    for t in waiting:
+        t.join(120)
     # a client that leaves mid-stream aborts its request: nothing left running, every block free
     started = threading.Event()
     _stream_some(strict_server, started, chunks=3)

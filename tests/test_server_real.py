@@ -121,7 +121,7 @@ def test_default_pair_server(tmp_path, qwen15_loaded):
         spec = out.model_extra["speculative"]
         assert spec["proposer"] == "qwen2.5-coder-0.5b-instruct" and spec["drafted_tokens"] > 0
         m = s.wait_idle()
-        assert m['specdec_kv_blocks_used{pool="draft:draft_model"}'] == 0
+        assert m['specdec_kv_blocks_used{pool="draft:qwen2.5-coder-0.5b-instruct"}'] == 0
         assert m['specdec_spec_drafted_tokens_total{proposer="qwen2.5-coder-0.5b-instruct"}'] > 0
     finally:
         s.stop()
