@@ -11,6 +11,7 @@ PNG plot.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -63,7 +64,7 @@ def predicted_speedup(acceptance: list[float], k: int, c: float, verify_ratio: f
 def cmd_profile_drafts(a: argparse.Namespace) -> int:
     from specdec.models.weight_cache import atomic_write_text
     report = run_profile(a)
-    atomic_write_text(Path(a.out), _json(report))
+    atomic_write_text(Path(a.out), json.dumps(report, indent=2))
     print(f"wrote {a.out}", file=sys.stderr)
     if a.plot:
         _plot(report, a.plot)
@@ -176,11 +177,6 @@ def _print_table(report: dict) -> None:
         print(f"{r['proposer']} | {params} | {r['ms_per_draft_token']:.1f} (c={r['cost_ratio']:.2f}) | {acc} | {speed}",
               file=sys.stderr)
     print("recommended: " + ", ".join(f"{s} -> {p}" for s, p in report["recommendation"].items()), file=sys.stderr)
-
-
-def _json(report: dict) -> str:
-    import json
-    return json.dumps(report, indent=2)
 
 
 def _plot(report: dict, path: str) -> None:

@@ -82,9 +82,10 @@ class DraftSet:
     def resolve(self, method: str) -> str:
         """A request's `method` ("draft_model", "ngram" or a draft id) -> a known proposer id."""
         if method == "draft_model":
-            drafts = [i for i in self.proposers if i != NGRAM] or [i for i in self.models]
             if self.default_id != NGRAM:
                 return self.default_id
+            # no configured draft: a loaded one first, else any known one (it loads on first use)
+            drafts = [i for i in self.proposers if i != NGRAM] or list(self.models)
             if not drafts:
                 raise ValueError("method 'draft_model' is not loaded: no draft model is configured "
                                  "(use 'ngram', or load a draft)")
