@@ -10,7 +10,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-PRECISIONS = ("float32", "bfloat16")
+# float32: exact dequantization (the oracle); bfloat16: dense bf16; int4: the file's own blocks as packed
+# int4/int8 codes with float32 activations (weight-only, near-lossless; see specdec/quant)
+PRECISIONS = ("float32", "bfloat16", "int4")
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 
 

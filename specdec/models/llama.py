@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec.runner.attention import AttentionMetadata, linear, paged_attention
+from specdec.quant.packed import QuantLinear
+from specdec.runner.attention import ROW_ALIGN, AttentionMetadata, linear, paged_attention
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
@@ -93,17 +94,21 @@ class LlamaModel:
         self.cfg = cfg
         self.w = weights
         self.lm_head = weights["embed"] if cfg.tie_embeddings else weights["lm_head"]
-        self.dtype = weights["layers.0.qkv"].dtype
+        qkv = weights["layers.0.qkv"]
+        self.packed = isinstance(qkv, QuantLinear)  # weight-only quantized: float32 activations
+        self.dtype = torch.float32 if self.packed else qkv.dtype
+        self.row_align = 1 if self.packed else ROW_ALIGN  # rows are padded to a multiple of this
         self.cos, self.sin = rope_tables(cfg, max_positions, device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """input_ids, positions: [num_rows] (num_rows padded to a multiple of 4).
+        """input_ids, positions: [num_rows] (num_rows padded to a multiple of `row_align`).
         Returns final-normed hidden states [num_rows, hidden_size]."""
         cfg, w = self.cfg, self.w
         nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         cos, sin = self.cos[positions], self.sin[positions]
-        h = w["embed"][input_ids].to(self.dtype)
+        embed = w["embed"]
+        h = embed.embed(input_ids) if isinstance(embed, QuantLinear) else embed[input_ids].to(self.dtype)
         for n in range(cfg.num_layers):
             p = f"layers.{n}."
             x = rms_norm(h, w[p + "input_norm"], cfg.rms_norm_eps)
@@ -119,5 +124,5 @@ class LlamaModel:
         return rms_norm(h, w["norm"], cfg.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [num_rows, hidden_size] (a multiple of 4 rows) -> float32 logits [num_rows, vocab]."""
+        """hidden: [num_rows, hidden_size] (a multiple of `row_align` rows) -> float32 logits [num_rows, vocab]."""
         return linear(hidden, self.lm_head).float()

@@ -25,10 +25,11 @@ class LoadedModel:
     path: Path
     sha256: str | None
     config: LlamaConfig
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor]  # int4: matrices are specdec.quant.packed.QuantLinear
     tokenizer: Tokenizer
     load_seconds: float
     cache_hit: bool
+    precision: str = "float32"
 
 
 def resolve(model: str, auto_pull: bool = True) -> tuple[str, Path]:
@@ -50,16 +51,24 @@ def resolve(model: str, auto_pull: bool = True) -> tuple[str, Path]:
 def load_model(model: str, precision: str = "float32", device: str = "cpu", progress: bool = True) -> LoadedModel:
     t0 = time.perf_counter()
     name, path = resolve(model)
-    dtype = DTYPES[precision]
     if path.is_dir():
+        if precision == "int4":
+            raise ModelFileError(f"{path}: precision int4 packs a GGUF file's quantized blocks; this is a "
+                                 "safetensors folder (use float32 or bfloat16)")
         from specdec.models.hf_loader import load_hf_folder
-        cfg, weights = load_hf_folder(path, dtype, device)
+        cfg, weights = load_hf_folder(path, DTYPES[precision], device)
         tok = Tokenizer.from_hf_dir(path)
-        return LoadedModel(name, path, None, cfg, weights, tok, time.perf_counter() - t0, False)
+        return LoadedModel(name, path, None, cfg, weights, tok, time.perf_counter() - t0, False, precision)
     if path.suffix != ".gguf":
         raise ModelFileError(f"{path}: expected a .gguf file or a model folder")
     sha = file_sha256(path, specdec_home() / "sha256.json")
     cache_dir = specdec_home() / "cache" / sha
-    cfg, weights, hit = load_gguf(path, sha, cache_dir, dtype, device, progress)
+    if precision == "int4":
+        if device != "cpu":
+            raise ValueError("precision int4 runs on the CPU kernel; use bfloat16 on CUDA")
+        from specdec.models.gguf_packed import load_gguf_packed
+        cfg, weights, hit = load_gguf_packed(path, sha, cache_dir, progress)
+    else:
+        cfg, weights, hit = load_gguf(path, sha, cache_dir, DTYPES[precision], device, progress)
     tok = Tokenizer.from_gguf(path, cache_dir)
-    return LoadedModel(name, path, sha, cfg, weights, tok, time.perf_counter() - t0, hit)
+    return LoadedModel(name, path, sha, cfg, weights, tok, time.perf_counter() - t0, hit, precision)

@@ -171,9 +171,8 @@ def _sampling(params: SamplingParams) -> tuple[float, float, int]:
 def _model_config(target: LoadedModel, num_threads: int | None):
     """The ModelConfig that matches weights already loaded (their precision and device)."""
     from specdec.config import ModelConfig
-    weight = max(target.weights.values(), key=lambda w: w.numel())  # the embedding: norms may stay float32
-    precision = "bfloat16" if str(weight.dtype) == "torch.bfloat16" else "float32"
-    return ModelConfig(model=target.name, precision=precision, device=str(weight.device), num_threads=num_threads)
+    device = str(target.weights["layers.0.input_norm"].device)
+    return ModelConfig(model=target.name, precision=target.precision, device=device, num_threads=num_threads)
 
 
 def arm_seeds(seed: int, arm: str, n: int) -> list[int]:

@@ -6,6 +6,8 @@ plus a tail kernel for rows past a multiple of 4), and masked multi-query SDPA c
 there is more than one query row. So:
   * float32 `linear` runs `W @ x.T` on blocks of exactly 4 or 8 rows (the 4-11 regime, no tail);
     rows arrive padded to a multiple of 4. One 4-row block costs about what one row does.
+  * int4 (specdec.quant) reduces every output in a fixed order whatever the row count, so its rows
+    are not padded: there a row costs in proportion to the rows.
   * attention runs one query token at a time, unmasked, over exactly its own context; its G query
     heads per KV head ride along as G query rows, so repeated K/V heads are never materialized.
 bfloat16 GEMM was row-invariant as it is, so it uses F.linear. tests/test_batch_invariance.py checks
@@ -18,20 +20,32 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.quant.packed import QuantLinear
+
 ROW_ALIGN = 4
 _ROW_BLOCK = 8
 
 
-def pad_rows(n: int) -> int:
-    return -(-n // ROW_ALIGN) * ROW_ALIGN
+def row_align(precision: str) -> int:
+    """Rows of a forward are padded to a multiple of this (see the module docstring)."""
+    return 1 if precision == "int4" else ROW_ALIGN
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [num_rows, in] (num_rows % 4 == 0), weight: [out, in] -> [num_rows, out]."""
+def pad_rows(n: int, align: int = ROW_ALIGN) -> int:
+    return -(-n // align) * align
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | QuantLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [num_rows, in], weight: [out, in] (dense or packed) -> [num_rows, out]."""
+    if isinstance(weight, QuantLinear):
+        out = weight(x)
+        return out if bias is None else out.add_(bias)
     if x.dtype != torch.float32 or x.device.type != "cpu":
         return F.linear(x, weight, bias)
     num_rows = x.shape[0]
-    assert num_rows % ROW_ALIGN == 0, f"rows must be padded to a multiple of {ROW_ALIGN}, got {num_rows}"
+    if num_rows % ROW_ALIGN:  # a dense part of a packed model: pad here so every row takes the 4-11 regime
+        pad = torch.zeros(pad_rows(num_rows) - num_rows, x.shape[1], dtype=x.dtype)
+        return linear(torch.cat([x, pad]), weight, bias)[:num_rows]
     out = torch.empty(num_rows, weight.shape[0], dtype=x.dtype, device=x.device)
     for start in range(0, num_rows, _ROW_BLOCK):
         block = x[start:start + _ROW_BLOCK]

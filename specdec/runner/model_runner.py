@@ -56,7 +56,7 @@ class ModelRunner:
             ids.extend(chunk.token_ids)
             positions.extend(range(start, start + n))
             cu.append(cu[-1] + chunk.num_logits)
-        num_rows = pad_rows(len(ids))
+        num_rows = pad_rows(len(ids), self.model.row_align)
         pad = num_rows - len(ids)
         input_ids = torch.tensor(ids + [0] * pad, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions + [0] * pad, dtype=torch.long, device=self.device)
@@ -69,7 +69,7 @@ class ModelRunner:
         """Logits for the given rows of the hidden states, never-sample ids at -inf. [len(rows), vocab]"""
         if not rows:
             return torch.empty(0, self.model.cfg.vocab_size, device=self.device)
-        idx = rows + [rows[-1]] * (pad_rows(len(rows)) - len(rows))
+        idx = rows + [rows[-1]] * (pad_rows(len(rows), self.model.row_align) - len(rows))
         selected = hidden[torch.tensor(idx, dtype=torch.long, device=self.device)]
         logits = self.model.compute_logits(selected)[: len(rows)]
         return logits.masked_fill_(self.never_sample, float("-inf"))

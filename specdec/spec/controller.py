@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specdec.config import SpeculativeConfig
-from specdec.runner.attention import pad_rows
+from specdec.runner.attention import ROW_ALIGN, pad_rows
 
 log = logging.getLogger("specdec.spec")
 _PRIOR_ACCEPTANCE = 0.6   # before this engine has seen any verification
@@ -49,17 +49,18 @@ class CostTable:
     scales in proportion to the nearest measurement (below it that is optimistic on purpose: the
     controller tries the row count and learns its real cost)."""
 
-    def __init__(self, alpha: float) -> None:
+    def __init__(self, alpha: float, row_align: int = ROW_ALIGN) -> None:
         self.alpha = alpha
+        self.row_align = row_align  # the runner's padding: row counts that cost the same share a key
         self.seconds: dict[int, float] = {}
 
     def record(self, rows: int, seconds: float) -> None:
-        key = pad_rows(rows)
+        key = pad_rows(rows, self.row_align)
         old = self.seconds.get(key)
         self.seconds[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
 
     def estimate(self, rows: int) -> float | None:
-        key = pad_rows(rows)
+        key = pad_rows(rows, self.row_align)
         if key in self.seconds:
             return self.seconds[key]
         lower = max((r for r in self.seconds if r < key), default=None)
@@ -93,15 +94,17 @@ class RequestSpecState:
 
 
 class SpecController:
-    def __init__(self, config: SpeculativeConfig, draft_cost_ratio: float | None = None) -> None:
+    def __init__(self, config: SpeculativeConfig, draft_cost_ratio: float | None = None,
+                 row_align: int = ROW_ALIGN) -> None:
         """`draft_cost_ratio`: this proposer's static t_draft / t_target (n-gram lookup: ~0),
-        overriding the config's, which describes a draft model."""
+        overriding the config's, which describes a draft model. `row_align`: the runner's row padding
+        (1 for int4, where every extra row costs)."""
         self.config = config
         self.draft_cost_ratio = config.draft_cost_ratio if draft_cost_ratio is None else draft_cost_ratio
         self.max_k = config.num_speculative_tokens
         self.states: dict[str, RequestSpecState] = {}
-        self.draft_costs = CostTable(config.ema_alpha)   # rows in the draft forward -> seconds per step
-        self.verify_costs = CostTable(config.ema_alpha)  # rows in the target forward -> seconds
+        self.draft_costs = CostTable(config.ema_alpha, row_align)   # rows in the draft forward -> seconds per step
+        self.verify_costs = CostTable(config.ema_alpha, row_align)  # rows in the target forward -> seconds
         self.global_hits = [0.0] * self.max_k
         self.global_trials = [0.0] * self.max_k
         self.num_fallbacks = 0

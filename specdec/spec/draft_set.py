@@ -24,6 +24,7 @@ from specdec.core.scheduler import Scheduler
 from specdec.models import registry
 from specdec.models.loader import LoadedModel
 from specdec.request import Request
+from specdec.runner.attention import row_align
 from specdec.spec.controller import SpecController
 from specdec.spec.proposer import Proposer
 from specdec.spec.router import DraftRouter
@@ -198,7 +199,8 @@ class DraftSet:
     def _install(self, proposer_id: str, proposer: Proposer) -> None:
         ratio = _NGRAM_COST_RATIO if proposer.method == NGRAM else None
         self.proposers[proposer_id] = proposer
-        self.controllers[proposer_id] = SpecController(self.config.speculative, draft_cost_ratio=ratio)
+        self.controllers[proposer_id] = SpecController(self.config.speculative, draft_cost_ratio=ratio,
+                                                       row_align=row_align(self.config.model.precision))
         self.last_used[proposer_id] = time.monotonic()
 
     # ---- requests across drafts (engine thread) -------------------------------------------------

@@ -1,0 +1,121 @@
+"""GGUF -> weight-only quantized model (precision "int4"): every matrix stays in its file's blocks,
+carried into packed codes (`specdec.quant`); norms and biases are float32.
+
+Q4_K / Q4_0 / Q4_1 become int4 codes (32-value groups, scale and offset); Q5_0 / Q5_K / Q6_K / Q8_0
+become int8 codes (16- or 32-value groups); both decode to exactly the file's values. Other types
+(F16, Q2_K, ...) stay dense float32. The packed model is cached next to the dequantized ones
+(`weights-int4.safetensors`, written under a temporary name, then renamed).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from specdec.models import weight_cache
+from specdec.models.gguf_loader import (ModelFileError, SUPPORTED_TENSOR_TYPES, _dequantize, _gguf_sources,
+                                        _unpermute, config_from_metadata, open_reader, read_metadata)
+from specdec.models.llama import LlamaConfig, param_shapes
+from specdec.quant.gguf_blocks import PACKABLE, decode
+from specdec.quant.packed import QuantLinear, QuantTensor
+
+CACHE_NAME = "weights-int4.safetensors"
+_MATRICES = ("embed", "lm_head", "qkv", "o", "gate_up", "down")
+
+
+def _is_matrix(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in _MATRICES
+
+
+def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]]) -> dict[str, object]:
+    weights: dict[str, object] = {}
+    for name, parts in layout.items():
+        if not parts:
+            weights[name] = flat[name]
+            continue
+        built: list[QuantTensor | torch.Tensor] = []
+        for i, part in enumerate(parts):
+            key = f"{name}/{i}/"
+            if part["bits"] == 0:
+                built.append(flat[key + "dense"])
+            else:
+                built.append(QuantTensor(part["bits"], part["group"], flat[key + "codes"], flat[key + "scale"],
+                                         flat.get(key + "offset"), part["cols"]))
+        weights[name] = QuantLinear(built)
+    return weights
+
+
+def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, progress: bool = True
+                     ) -> tuple[LlamaConfig, dict[str, object], bool]:
+    """Returns (config, weights, cache_hit); matrices are QuantLinear, the rest float32 tensors."""
+    cache_path, config_path = cache_dir / CACHE_NAME, cache_dir / "config.json"
+    if cache_path.exists() and config_path.exists():
+        from safetensors import safe_open
+        with safe_open(str(cache_path), framework="pt") as f:
+            layout = json.loads(f.metadata()["layout"])
+        cfg = LlamaConfig(**json.loads(config_path.read_text()))
+        return cfg, _assemble(weight_cache.load_mmap(cache_path), layout), True
+
+    meta = read_metadata(path)
+    reader = open_reader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    cfg = config_from_metadata(meta, set(tensors))
+    shapes, sources = param_shapes(cfg), _gguf_sources(cfg)
+    flat: dict[str, torch.Tensor] = {}
+    layout: dict[str, list[dict]] = {}
+    from tqdm import tqdm
+    for name in tqdm(list(shapes), desc=f"packing {path.name}", unit="tensor", disable=not progress):
+        parts: list[dict] = []
+        dense_parts: list[np.ndarray] = []
+        for i, src in enumerate(sources[name]):
+            t = tensors.get(src)
+            if t is None:
+                raise ModelFileError(f"{path}: tensor {src} is missing")
+            if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+                raise ModelFileError(f"{path}: tensor {src} has unsupported type {t.tensor_type.name}")
+            heads = cfg.num_heads if "attn_q" in src else cfg.num_kv_heads
+            permute = cfg.architecture == "llama" and src.endswith(("attn_q.weight", "attn_k.weight"))
+            if not _is_matrix(name):
+                w = _dequantize(t)
+                dense_parts.append(_unpermute(w, heads) if permute and w.ndim == 2 else w)
+                continue
+            rows, cols = int(t.shape[1]), int(t.shape[0])
+            key = f"{name}/{i}/"
+            if t.tensor_type in PACKABLE:
+                c = decode(t.data, t.tensor_type, rows, cols)
+                if permute:  # a row permutation: codes, scales and offsets move together
+                    c.q, c.scale = _unpermute(c.q, heads), _unpermute(c.scale, heads)
+                    c.offset = None if c.offset is None else _unpermute(c.offset, heads)
+                qt = QuantTensor.from_codes(c)
+                for k, v in qt.tensors().items():
+                    flat[key + k] = v
+                parts.append({"bits": qt.bits, "group": qt.group, "cols": cols})
+            else:
+                w = _dequantize(t)
+                flat[key + "dense"] = torch.from_numpy(np.array(_unpermute(w, heads) if permute else w,
+                                                                dtype=np.float32))
+                parts.append({"bits": 0, "group": 0, "cols": cols})
+        if dense_parts:
+            flat[name] = torch.from_numpy(np.concatenate([np.asarray(p, dtype=np.float32) for p in dense_parts]))
+            if tuple(flat[name].shape) != shapes[name]:
+                raise ModelFileError(f"{path}: {name} has shape {tuple(flat[name].shape)}, expected {shapes[name]}")
+        layout[name] = parts
+    tmp = cache_path.with_name(f".{cache_path.name}.{os.getpid()}.tmp")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        save_file(flat, str(tmp), metadata={"layout": json.dumps(layout), "gguf_sha256": sha256,
+                                            "created": str(time.time())})
+        os.replace(tmp, cache_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    weight_cache.atomic_write_text(config_path, json.dumps(cfg.__dict__, indent=1))
+    weights = _assemble(flat, layout)
+    for name, w in weights.items():
+        if isinstance(w, QuantLinear) and w.shape != shapes[name]:
+            raise ModelFileError(f"{path}: {name} has shape {w.shape}, expected {shapes[name]}")
+    return cfg, weights, False

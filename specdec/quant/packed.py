@@ -1,0 +1,127 @@
+"""Packed weight-only quantized matrices and the linear layer that runs them.
+
+A `QuantTensor` is one GGUF matrix as integer codes (int4: two per byte; int8) with float32 scale and
+offset per group. A `QuantLinear` stacks parts along the output dimension, because a fused projection
+(q|k|v, gate|up) can mix block types (the 1.5B's attn_v is Q6_K, its attn_q Q4_K); each part writes
+its own columns of one output. Activations stay float32: weight-only quantization.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from specdec.quant import kernel
+from specdec.quant.gguf_blocks import Codes
+
+
+@dataclass
+class QuantTensor:
+    bits: int
+    group: int
+    codes: torch.Tensor          # [rows, cols // 2] uint8 (bits 4) or [rows, cols] int8 (bits 8)
+    scale: torch.Tensor          # [rows, cols // group] float32
+    offset: torch.Tensor | None  # same shape as scale, or None
+    cols: int
+
+    @property
+    def rows(self) -> int:
+        return self.codes.shape[0]
+
+    @classmethod
+    def from_codes(cls, c: Codes) -> QuantTensor:
+        rows, cols = c.q.shape
+        if c.bits == 4:  # per 32-value group: byte i = element i (low nibble) | element 16 + i (high nibble)
+            g = c.q.reshape(rows, cols // 32, 32).astype(np.uint8)
+            packed = (g[:, :, :16] | (g[:, :, 16:] << 4)).reshape(rows, cols // 2)
+        else:
+            packed = c.q.astype(np.int8)
+        offset = None if c.offset is None else torch.from_numpy(np.ascontiguousarray(c.offset))
+        return cls(c.bits, c.group, torch.from_numpy(np.ascontiguousarray(packed)),
+                   torch.from_numpy(np.ascontiguousarray(c.scale)), offset, cols)
+
+    def int_codes(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """[n, cols] codes as int32 (for the fallback path and embedding lookups)."""
+        c = self.codes[rows]
+        if self.bits == 8:
+            return c.to(torch.int32)
+        g = c.view(-1, self.cols // 32, 16).to(torch.int32)
+        return torch.cat([g & 0x0F, g >> 4], dim=-1).view(-1, self.cols)
+
+    def dequantize(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """Float32 weights of the given rows, bitwise what gguf's dequantization gives."""
+        q = self.int_codes(rows).float().view(-1, self.cols // self.group, self.group)
+        w = q * self.scale[rows][..., None]
+        if self.offset is not None:
+            w = w + self.offset[rows][..., None]
+        return w.view(-1, self.cols)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {"codes": self.codes, "scale": self.scale}
+        if self.offset is not None:
+            out["offset"] = self.offset
+        return out
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+
+class QuantLinear:
+    """y = x @ W.T with W the row-wise stack of `parts` (QuantTensor, or a dense float32 tensor for a
+    block type with no packed form). Each output element is reduced in an order fixed by the kernel,
+    whatever the number of rows: batch-invariant."""
+
+    def __init__(self, parts: list[QuantTensor | torch.Tensor]) -> None:
+        self.parts = parts
+        cols = {p.cols if isinstance(p, QuantTensor) else p.shape[1] for p in parts}
+        assert len(cols) == 1, f"parts disagree on the input size: {cols}"
+        self.in_features = cols.pop()
+        self.out_features = sum(p.rows if isinstance(p, QuantTensor) else p.shape[0] for p in parts)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [rows, in] float32 -> [rows, out] float32."""
+        from specdec.runner.attention import linear
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        col = 0
+        use_kernel = kernel.available()
+        for p in self.parts:
+            n = p.rows if isinstance(p, QuantTensor) else p.shape[0]
+            if not isinstance(p, QuantTensor):
+                out[:, col:col + n] = linear(x, p)
+            elif use_kernel:
+                kernel.qlinear(x, p.bits, p.group, p.codes, p.scale, p.offset, out[:, col:col + n])
+            else:
+                out[:, col:col + n] = _reference(x, p)
+            col += n
+        return out
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of W for the given ids (the embedding table as a lookup): [len(ids), in] float32."""
+        if len(self.parts) != 1:
+            raise ValueError("an embedding table is a single part")
+        p = self.parts[0]
+        return p.dequantize(ids) if isinstance(p, QuantTensor) else p[ids].float()
+
+
+def _reference(x: torch.Tensor, p: QuantTensor) -> torch.Tensor:
+    """The pure-PyTorch fallback: same formula as the kernel, sum(q * x) * scale per group plus the
+    offsets times per-group sums of x, one row at a time (so it is batch-invariant too)."""
+    groups = p.cols // p.group
+    out = torch.empty(x.shape[0], p.rows, dtype=torch.float32)
+    block = 4096  # output features per chunk: bounds the dequantized working set
+    for start in range(0, p.rows, block):
+        sl = slice(start, min(start + block, p.rows))
+        q = p.int_codes(sl).float().view(-1, groups, p.group)
+        for r in range(x.shape[0]):
+            xg = x[r].view(groups, p.group)
+            y = ((q * xg).sum(-1) * p.scale[sl]).sum(-1)
+            if p.offset is not None:
+                y = y + (p.offset[sl] * xg.sum(-1)).sum(-1)
+            out[r, sl] = y
+    return out

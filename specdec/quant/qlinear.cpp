@@ -1,0 +1,123 @@
+// Weight-only quantized linear layers for AVX2 CPUs: y[r, j] = sum_k x[r, k] * w[j, k], where w is
+// stored per group of G input values as integer codes q with a float scale and an optional float
+// offset: w = scale * q + offset (exactly how GGUF's Q4_K / Q5_0 / Q6_K / Q8_0 blocks decode).
+//
+// Batch invariance by construction: every output element is reduced in the same order whatever the
+// number of rows, so a token's result never depends on what else shares the forward. Rows are
+// processed in tiles so that each group's codes are decoded once per tile, not once per row.
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+
+namespace {
+
+inline float hsum(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+// 32 codes of one group as four vectors of 8 floats, in element order.
+// int4: 16 bytes, element i in the low nibble of byte i, element 16 + i in the high nibble.
+inline void decode4(const uint8_t* p, __m256* w) {
+    __m128i b = _mm_loadu_si128((const __m128i*)p);
+    __m128i m = _mm_set1_epi8(0x0F);
+    __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+// int8: G (16 or 32) signed bytes, in element order.
+template <int G>
+inline void decode8(const int8_t* p, __m256* w) {
+    for (int v = 0; v < G / 8; ++v)
+        w[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8 * v))));
+}
+
+// One output feature j for a tile of MT rows. x: [rows, k] float32, xsum: [rows, k / G] per-group sums
+// of x (for the offsets). Per group: t = sum(q * x) as 8 lanes, acc += scale * t; then a fixed
+// horizontal sum, then the offsets' dot product in a fixed order.
+template <int BITS, int G, int MT>
+inline void tile(const float* x, int64_t k, const float* xsum, const void* codes, const float* scale,
+                 const float* offset, float* y, int64_t ldy) {
+    const int64_t groups = k / G;
+    __m256 acc[MT];
+    for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        __m256 w[G / 8];
+        if constexpr (BITS == 4) decode4((const uint8_t*)codes + g * (G / 2), w);
+        else decode8<G>((const int8_t*)codes + g * G, w);
+        const __m256 s = _mm256_broadcast_ss(scale + g);
+        for (int r = 0; r < MT; ++r) {
+            const float* xr = x + r * k + g * G;
+            __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xr));
+            for (int v = 1; v < G / 8; ++v) t = _mm256_fmadd_ps(w[v], _mm256_loadu_ps(xr + 8 * v), t);
+            acc[r] = _mm256_fmadd_ps(s, t, acc[r]);
+        }
+    }
+    for (int r = 0; r < MT; ++r) {
+        float out = hsum(acc[r]);
+        if (offset) {
+            const float* xs = xsum + r * groups;
+            __m256 o = _mm256_setzero_ps();
+            int64_t g = 0;
+            for (; g + 8 <= groups; g += 8) o = _mm256_fmadd_ps(_mm256_loadu_ps(offset + g), _mm256_loadu_ps(xs + g), o);
+            float tail = 0.f;
+            for (; g < groups; ++g) tail += offset[g] * xs[g];
+            out += hsum(o) + tail;
+        }
+        y[r * ldy] = out;
+    }
+}
+
+template <int BITS, int G>
+void run(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale, const float* offset,
+         int64_t n, float* y, int64_t ldy, int threads) {
+    const int64_t groups = k / G;
+    const int64_t row_bytes = BITS == 4 ? k / 2 : k;
+    // per-group sums of x, always in the same order: the offsets' contribution
+    float* xsum = nullptr;
+    if (offset) {
+        xsum = new float[rows * groups];
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t g = 0; g < groups; ++g) {
+                __m256 a = _mm256_loadu_ps(x + r * k + g * G);
+                for (int v = 1; v < G / 8; ++v) a = _mm256_add_ps(a, _mm256_loadu_ps(x + r * k + g * G + 8 * v));
+                xsum[r * groups + g] = hsum(a);
+            }
+    }
+    constexpr int T = 4;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t j = 0; j < n; ++j) {
+        const uint8_t* c = (const uint8_t*)codes + j * row_bytes;
+        const float* s = scale + j * groups;
+        const float* o = offset ? offset + j * groups : nullptr;
+        int64_t r = 0;
+        for (; r + T <= rows; r += T)
+            tile<BITS, G, T>(x + r * k, k, xsum ? xsum + r * groups : nullptr, c, s, o, y + r * ldy + j, ldy);
+        for (; r < rows; ++r)
+            tile<BITS, G, 1>(x + r * k, k, xsum ? xsum + r * groups : nullptr, c, s, o, y + r * ldy + j, ldy);
+    }
+    delete[] xsum;
+}
+
+}  // namespace
+
+extern "C" {
+// x: [rows, k] float32 contiguous; codes: [n, k / 2] (bits 4) or [n, k] (bits 8); scale, offset: [n, k / G]
+// float32 (offset may be null); y: rows of stride ldy, columns [0, n) written. Returns 0, or -1 on a
+// layout this build does not support.
+int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
+            const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads) {
+    if (k % group) return -1;
+    if (bits == 4 && group == 32) run<4, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
+    else if (bits == 8 && group == 32) run<8, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
+    else if (bits == 8 && group == 16) run<8, 16>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
+    else return -1;
+    return 0;
+}
+}
