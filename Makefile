@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 # idempotent: a model already assembled (size checked) is skipped
 models: $(STAMP)
-	$(BIN)/specdec models pull --prepare float32 $(MODELS)
+	$(BIN)/specdec models pull --prepare float32 --prepare int4 $(MODELS)
 
 setup: $(STAMP) models
 

@@ -252,6 +252,11 @@ def cmd_models(a: argparse.Namespace) -> int:
         if a.prepare:
             from specdec.models.loader import load_model
             for precision in a.prepare:  # dequantize now, so the first generation starts at once
+                if precision.startswith("int4"):
+                    from specdec.quant import kernel
+                    if not kernel.available():
+                        print(f"warning: the int4 kernel is unavailable ({kernel.unavailable_reason()}); "
+                              "int4 runs on the slow PyTorch fallback", file=sys.stderr)
                 loaded = load_model(name, precision)
                 print(f"{name}: {precision} weights ready ({'cached' if loaded.cache_hit else 'built'} in "
                       f"{loaded.load_seconds:.1f}s)", file=sys.stderr)
@@ -263,6 +268,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.mode == "decode":
         from specdec.bench.decode import run_decode_bench
         run_decode_bench(a)
+    elif a.mode == "precision":
+        from specdec.bench.precision import run_precision_bench
+        a.out = a.out if a.out != "bench.json" else "bench-precision.json"
+        a.plot = a.plot if a.plot != "bench.png" else "bench-precision.png"
+        run_precision_bench(a)
     elif a.mode == "serve":
         from specdec.bench.serve_bench import run_serve_bench
         a.arms = a.arms or "plain,draft"
@@ -325,7 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark: plain vs speculative arms (spec, the default), plain decoding "
                                      "alone (decode), or serving under Poisson arrivals (serve)")
-    b.add_argument("mode", nargs="?", choices=["spec", "decode", "serve"], default="spec")
+    b.add_argument("mode", nargs="?", choices=["spec", "decode", "serve", "precision"], default="spec")
+    b.add_argument("--precisions", default="int4,int4-a8",
+                   help="precision mode: the modes compared with float32")
     _add_model_args(b)
     b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
     b.add_argument("--arms", default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram[,ngram_fixed]; "

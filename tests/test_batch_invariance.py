@@ -101,7 +101,7 @@ def _logits(runner, chunks):
     return runner.execute(SchedulerOutput(chunks=chunks, num_batched_tokens=sum(len(c.token_ids) for c in chunks))).logits
 
 
-@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int4"])
 @pytest.mark.parametrize("arch", ["tiny_qwen", "tiny_llama"])
 def test_model_logits_bitwise_across_batching(arch, precision, request):
     runner = _runner(request.getfixturevalue(arch), precision)

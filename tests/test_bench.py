@@ -44,3 +44,41 @@ def test_contention_counts_other_processes_only(monkeypatch):
     with c.Contention() as run:
         pass
     assert run.cores == 1.0 and run.noisy  # (3 - 1) CPU seconds by others over 2 s
+
+
+def test_profile_drafts_writes_json_plot_and_a_recommendation(tiny_qwen, tiny_llama, tmp_path):
+    out, png = tmp_path / "profile.json", tmp_path / "profile.png"
+    assert main(["profile-drafts", "--model", str(tiny_qwen), "--drafts", f"{tiny_llama},ngram:1-3",
+                 "--sets", "code_edit,prose", "--max-tokens", "8", "-k", "2",
+                 "--out", str(out), "--plot", str(png)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["proposer"] for r in report["proposers"]] == [str(tiny_llama), "ngram:1-3"]
+    assert report["target_ms_per_token"] > 0
+    for row in report["proposers"]:
+        assert row["params"]["k"] == 2 and row["cost_ratio"] >= 0
+        for s in ("code_edit", "prose"):
+            d = row["domains"][s]
+            assert 0 <= d["acceptance"] <= 1 and len(d["per_position_acceptance"]) == 2
+            assert d["predicted_speedup"] > 0 and d["measured_speedup"] > 0
+    names = {r["proposer"] for r in report["proposers"]} | {"plain"}
+    for s, choice in report["recommendation"].items():
+        assert choice in names
+        best = max(report["proposers"], key=lambda r: r["domains"][s]["measured_speedup"])
+        assert choice == (best["proposer"] if best["domains"][s]["measured_speedup"] > 1 else "plain")
+    assert png.stat().st_size > 1000
+
+
+def test_precision_bench_reports_agreement_and_logit_error(tiny_qwen, tmp_path):
+    out, png = tmp_path / "precision.json", tmp_path / "precision.png"
+    assert main(["bench", "precision", "--model", str(tiny_qwen), "--precisions", "int4,int4-a8",
+                 "--sets", "code_gen,chat", "--num-prompts", "1", "--max-tokens", "6", "--threads", "1",
+                 "--out", str(out), "--plot", str(png)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["summary"]) == {"float32", "int4", "int4-a8"} and len(report["prompts"]) == 2
+    for m in ("int4", "int4-a8"):
+        s = report["summary"][m]
+        assert 0 <= s["match_rate"] <= 1 and 0 <= s["top1_agree"] <= 1
+        assert 0 < s["mean_logit_err"] <= s["max_logit_err"] < 1  # same weights: summation order, rounded x
+    # int4 keeps float32 activations: its error is far below int4-a8's
+    assert report["summary"]["int4"]["max_logit_err"] < report["summary"]["int4-a8"]["max_logit_err"]
+    assert png.stat().st_size > 1000

@@ -1,4 +1,4 @@
-"""GGUF -> weight-only quantized model (precision "int4"): every matrix stays in its file's blocks,
+"""GGUF -> weight-only quantized model (precisions "int4", "int4-a8"): every matrix stays in its file's blocks,
 carried into packed codes (`specdec.quant`); norms and biases are float32.
 
 Q4_K / Q4_0 / Q4_1 become int4 codes (32-value groups, scale and offset); Q5_0 / Q5_K / Q6_K / Q8_0
@@ -32,7 +32,7 @@ def _is_matrix(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in _MATRICES
 
 
-def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]]) -> dict[str, object]:
+def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]], act8: bool) -> dict[str, object]:
     weights: dict[str, object] = {}
     for name, parts in layout.items():
         if not parts:
@@ -46,20 +46,21 @@ def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]]) -> d
             else:
                 built.append(QuantTensor(part["bits"], part["group"], flat[key + "codes"], flat[key + "scale"],
                                          flat.get(key + "offset"), part["cols"]))
-        weights[name] = QuantLinear(built)
+        weights[name] = QuantLinear(built, act8)
     return weights
 
 
-def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, progress: bool = True
+def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act8: bool = False, progress: bool = True
                      ) -> tuple[LlamaConfig, dict[str, object], bool]:
-    """Returns (config, weights, cache_hit); matrices are QuantLinear, the rest float32 tensors."""
+    """Returns (config, weights, cache_hit); matrices are QuantLinear (int8 activations if `act8`),
+    the rest float32 tensors."""
     cache_path, config_path = cache_dir / CACHE_NAME, cache_dir / "config.json"
     if cache_path.exists() and config_path.exists():
         from safetensors import safe_open
         with safe_open(str(cache_path), framework="pt") as f:
             layout = json.loads(f.metadata()["layout"])
         cfg = LlamaConfig(**json.loads(config_path.read_text()))
-        return cfg, _assemble(weight_cache.load_mmap(cache_path), layout), True
+        return cfg, _assemble(weight_cache.load_mmap(cache_path), layout, act8), True
 
     meta = read_metadata(path)
     reader = open_reader(path)
@@ -114,7 +115,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, progress: bool = 
     finally:
         tmp.unlink(missing_ok=True)
     weight_cache.atomic_write_text(config_path, json.dumps(cfg.__dict__, indent=1))
-    weights = _assemble(flat, layout)
+    weights = _assemble(flat, layout, act8)
     for name, w in weights.items():
         if isinstance(w, QuantLinear) and w.shape != shapes[name]:
             raise ModelFileError(f"{path}: {name} has shape {w.shape}, expected {shapes[name]}")

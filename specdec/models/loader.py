@@ -52,8 +52,8 @@ def load_model(model: str, precision: str = "float32", device: str = "cpu", prog
     t0 = time.perf_counter()
     name, path = resolve(model)
     if path.is_dir():
-        if precision == "int4":
-            raise ModelFileError(f"{path}: precision int4 packs a GGUF file's quantized blocks; this is a "
+        if precision.startswith("int4"):
+            raise ModelFileError(f"{path}: precision {precision} packs a GGUF file's quantized blocks; this is a "
                                  "safetensors folder (use float32 or bfloat16)")
         from specdec.models.hf_loader import load_hf_folder
         cfg, weights = load_hf_folder(path, DTYPES[precision], device)
@@ -63,11 +63,11 @@ def load_model(model: str, precision: str = "float32", device: str = "cpu", prog
         raise ModelFileError(f"{path}: expected a .gguf file or a model folder")
     sha = file_sha256(path, specdec_home() / "sha256.json")
     cache_dir = specdec_home() / "cache" / sha
-    if precision == "int4":
+    if precision.startswith("int4"):
         if device != "cpu":
-            raise ValueError("precision int4 runs on the CPU kernel; use bfloat16 on CUDA")
+            raise ValueError(f"precision {precision} runs on the CPU kernel; use bfloat16 on CUDA")
         from specdec.models.gguf_packed import load_gguf_packed
-        cfg, weights, hit = load_gguf_packed(path, sha, cache_dir, progress)
+        cfg, weights, hit = load_gguf_packed(path, sha, cache_dir, act8=precision == "int4-a8", progress=progress)
     else:
         cfg, weights, hit = load_gguf(path, sha, cache_dir, DTYPES[precision], device, progress)
     tok = Tokenizer.from_gguf(path, cache_dir)

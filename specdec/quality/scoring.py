@@ -31,6 +31,13 @@ def score_tokens(engine: LLMEngine, prompt_token_ids: list[int], output_token_id
         one log-prob per output token (empty for an empty output)."""
     if not output_token_ids:
         return []
+    logprobs = torch.log_softmax(teacher_logits(engine, prompt_token_ids, output_token_ids), dim=-1)
+    picked = logprobs.gather(1, torch.tensor(output_token_ids, dtype=torch.long, device=logprobs.device)[:, None])
+    return picked.squeeze(1).tolist()
+
+
+def teacher_logits(engine: LLMEngine, prompt_token_ids: list[int], output_token_ids: list[int]) -> torch.Tensor:
+    """The raw float32 logits that predict each output token: [len(output_token_ids), vocab]."""
     if not prompt_token_ids:
         raise ValueError("score_tokens needs at least one prompt token")
     if engine.has_unfinished():
@@ -57,10 +64,9 @@ def score_tokens(engine: LLMEngine, prompt_token_ids: list[int], output_token_id
             rows.append(out.logits[:num_logits].float())
     finally:
         kv.free(rid)
-    logprobs = torch.log_softmax(torch.cat(rows), dim=-1)  # [num_output_tokens, vocab]
-    assert logprobs.shape[0] == len(output_token_ids)
-    picked = logprobs.gather(1, torch.tensor(output_token_ids, dtype=torch.long, device=logprobs.device)[:, None])
-    return picked.squeeze(1).tolist()
+    logits = torch.cat(rows)
+    assert logits.shape[0] == len(output_token_ids)
+    return logits
 
 
 def perplexity(token_logprobs: list[float]) -> float | None:

@@ -3,10 +3,14 @@
 A `QuantTensor` is one GGUF matrix as integer codes (int4: two per byte; int8) with float32 scale and
 offset per group. A `QuantLinear` stacks parts along the output dimension, because a fused projection
 (q|k|v, gate|up) can mix block types (the 1.5B's attn_v is Q6_K, its attn_q Q4_K); each part writes
-its own columns of one output. Activations stay float32: weight-only quantization.
+its own columns of one output. Activations stay float32 (precision int4: weight-only), or with
+`act8` are rounded to int8 per 32 values for integer dot products (precision int4-a8, llama.cpp's
+scheme: faster on CPUs, and a further approximation of the float32 oracle).
 """
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,8 +76,9 @@ class QuantLinear:
     block type with no packed form). Each output element is reduced in an order fixed by the kernel,
     whatever the number of rows: batch-invariant."""
 
-    def __init__(self, parts: list[QuantTensor | torch.Tensor]) -> None:
+    def __init__(self, parts: list[QuantTensor | torch.Tensor], act8: bool = False) -> None:
         self.parts = parts
+        self.act8 = act8
         cols = {p.cols if isinstance(p, QuantTensor) else p.shape[1] for p in parts}
         assert len(cols) == 1, f"parts disagree on the input size: {cols}"
         self.in_features = cols.pop()
@@ -90,14 +95,16 @@ class QuantLinear:
         out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
         col = 0
         use_kernel = kernel.available()
+        if not use_kernel:
+            _warn_fallback()
         for p in self.parts:
             n = p.rows if isinstance(p, QuantTensor) else p.shape[0]
             if not isinstance(p, QuantTensor):
                 out[:, col:col + n] = linear(x, p)
             elif use_kernel:
-                kernel.qlinear(x, p.bits, p.group, p.codes, p.scale, p.offset, out[:, col:col + n])
+                kernel.qlinear(x, p.bits, p.group, p.codes, p.scale, p.offset, out[:, col:col + n], self.act8)
             else:
-                out[:, col:col + n] = _reference(x, p)
+                out[:, col:col + n] = _reference(x, p, self.act8)
             col += n
         return out
 
@@ -109,9 +116,26 @@ class QuantLinear:
         return p.dequantize(ids) if isinstance(p, QuantTensor) else p[ids].float()
 
 
-def _reference(x: torch.Tensor, p: QuantTensor) -> torch.Tensor:
+@functools.cache
+def _warn_fallback() -> None:
+    print(f"warning: the int4 kernel is unavailable ({kernel.unavailable_reason()}); running the PyTorch "
+          "fallback, which is many times slower", file=sys.stderr)
+
+
+def quantize_act8(x: torch.Tensor) -> torch.Tensor:
+    """x rounded the way the int4-a8 kernel rounds it: per 32 values, scale = max|x| / 127."""
+    xb = x.view(x.shape[0], -1, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(xb * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
+    return (q * d).view_as(x)
+
+
+def _reference(x: torch.Tensor, p: QuantTensor, act8: bool = False) -> torch.Tensor:
     """The pure-PyTorch fallback: same formula as the kernel, sum(q * x) * scale per group plus the
     offsets times per-group sums of x, one row at a time (so it is batch-invariant too)."""
+    xsum = x.view(x.shape[0], -1, p.group).sum(-1)  # the offsets see the unrounded x, as in the kernel
+    if act8:
+        x = quantize_act8(x)
     groups = p.cols // p.group
     out = torch.empty(x.shape[0], p.rows, dtype=torch.float32)
     block = 4096  # output features per chunk: bounds the dequantized working set
@@ -122,6 +146,6 @@ def _reference(x: torch.Tensor, p: QuantTensor) -> torch.Tensor:
             xg = x[r].view(groups, p.group)
             y = ((q * xg).sum(-1) * p.scale[sl]).sum(-1)
             if p.offset is not None:
-                y = y + (p.offset[sl] * xg.sum(-1)).sum(-1)
+                y = y + (p.offset[sl] * xsum[r]).sum(-1)
             out[r, sl] = y
     return out

@@ -105,15 +105,118 @@ void run(const float* x, int64_t rows, int64_t k, const void* codes, const float
     delete[] xsum;
 }
 
+// ---- int8 activations (precision int4-a8): x quantized per 32 values, integer dot products ----------
+// x row r, group g ~= sx[r, g] * xq[r, g, :] (round to nearest, |xq| <= 127). Per group the dot product
+// of codes and xq is exact in int32 (vpmaddubsw + vpmaddwd); the float accumulation order is fixed.
+
+inline __m256i codes4(const uint8_t* p) {  // 32 unsigned codes, element order
+    __m128i b = _mm_loadu_si128((const __m128i*)p);
+    __m128i m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+inline __m256 dot32(__m256i w, __m256i xq, bool is_signed) {
+    // vpmaddubsw takes unsigned x signed bytes: a signed w moves its sign onto x
+    __m256i u = is_signed ? _mm256_sign_epi8(w, w) : w;
+    __m256i v = is_signed ? _mm256_sign_epi8(xq, w) : xq;
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1));
+    return _mm256_cvtepi32_ps(p);  // 8 lanes: 4 consecutive values each
+}
+
+template <int BITS, int G, int MT>
+inline void tile_a8(const int8_t* xq, const float* sx, int64_t k, const float* xsum, const void* codes,
+                    const float* scale, const float* offset, float* y, int64_t ldy) {
+    const int64_t blocks = k / 32;  // activation groups
+    __m256 acc[MT];
+    for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+        __m256i w = BITS == 4 ? codes4((const uint8_t*)codes + b * 16)
+                              : _mm256_loadu_si256((const __m256i*)((const int8_t*)codes + b * 32));
+        // weight scale per lane: one group of 32, or two groups of 16 (lanes 0-3, 4-7)
+        __m256 ws = G == 32 ? _mm256_broadcast_ss(scale + b)
+                            : _mm256_set_m128(_mm_broadcast_ss(scale + 2 * b + 1), _mm_broadcast_ss(scale + 2 * b));
+        for (int r = 0; r < MT; ++r) {
+            __m256i x = _mm256_loadu_si256((const __m256i*)(xq + r * k + b * 32));
+            __m256 d = dot32(w, x, BITS == 8);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(ws, _mm256_broadcast_ss(sx + r * blocks + b)), d, acc[r]);
+        }
+    }
+    const int64_t groups = k / G;
+    for (int r = 0; r < MT; ++r) {
+        float out = hsum(acc[r]);
+        if (offset) {
+            const float* xs = xsum + r * groups;
+            __m256 o = _mm256_setzero_ps();
+            int64_t g = 0;
+            for (; g + 8 <= groups; g += 8) o = _mm256_fmadd_ps(_mm256_loadu_ps(offset + g), _mm256_loadu_ps(xs + g), o);
+            float tail = 0.f;
+            for (; g < groups; ++g) tail += offset[g] * xs[g];
+            out += hsum(o) + tail;
+        }
+        y[r * ldy] = out;
+    }
+}
+
+template <int BITS, int G>
+void run_a8(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale, const float* offset,
+            int64_t n, float* y, int64_t ldy, int threads) {
+    const int64_t blocks = k / 32, groups = k / G;
+    const int64_t row_bytes = BITS == 4 ? k / 2 : k;
+    int8_t* xq = new int8_t[rows * k];
+    float* sx = new float[rows * blocks];
+    float* xsum = offset ? new float[rows * groups] : nullptr;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < blocks; ++b) {
+            const float* xb = x + r * k + b * 32;
+            float amax = 0.f;
+            for (int i = 0; i < 32; ++i) amax = amax > __builtin_fabsf(xb[i]) ? amax : __builtin_fabsf(xb[i]);
+            const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+            sx[r * blocks + b] = d;
+            for (int i = 0; i < 32; ++i) xq[r * k + b * 32 + i] = (int8_t)__builtin_nearbyintf(xb[i] * id);
+        }
+    if (offset)
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t g = 0; g < groups; ++g) {
+                __m256 a = _mm256_loadu_ps(x + r * k + g * G);
+                for (int v = 1; v < G / 8; ++v) a = _mm256_add_ps(a, _mm256_loadu_ps(x + r * k + g * G + 8 * v));
+                xsum[r * groups + g] = hsum(a);
+            }
+    constexpr int T = 4;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t j = 0; j < n; ++j) {
+        const uint8_t* c = (const uint8_t*)codes + j * row_bytes;
+        const float* s = scale + j * groups;
+        const float* o = offset ? offset + j * groups : nullptr;
+        int64_t r = 0;
+        for (; r + T <= rows; r += T)
+            tile_a8<BITS, G, T>(xq + r * k, sx + r * blocks, k, xsum ? xsum + r * groups : nullptr, c, s, o,
+                                y + r * ldy + j, ldy);
+        for (; r < rows; ++r)
+            tile_a8<BITS, G, 1>(xq + r * k, sx + r * blocks, k, xsum ? xsum + r * groups : nullptr, c, s, o,
+                                y + r * ldy + j, ldy);
+    }
+    delete[] xq;
+    delete[] sx;
+    delete[] xsum;
+}
+
 }  // namespace
 
 extern "C" {
 // x: [rows, k] float32 contiguous; codes: [n, k / 2] (bits 4) or [n, k] (bits 8); scale, offset: [n, k / G]
 // float32 (offset may be null); y: rows of stride ldy, columns [0, n) written. Returns 0, or -1 on a
 // layout this build does not support.
+// act8 != 0: activations quantized to int8 per 32 values (precision int4-a8), integer dot products.
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
-            const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads) {
-    if (k % group) return -1;
+            const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act8) {
+    if (k % 32) return -1;
+    if (act8) {
+        if (bits == 4 && group == 32) run_a8<4, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
+        else if (bits == 8 && group == 32) run_a8<8, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
+        else if (bits == 8 && group == 16) run_a8<8, 16>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
+        else return -1;
+        return 0;
+    }
     if (bits == 4 && group == 32) run<4, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
     else if (bits == 8 && group == 32) run<8, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
     else if (bits == 8 && group == 16) run<8, 16>(x, rows, k, codes, scale, offset, n, y, ldy, threads);

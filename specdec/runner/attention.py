@@ -28,7 +28,7 @@ _ROW_BLOCK = 8
 
 def row_align(precision: str) -> int:
     """Rows of a forward are padded to a multiple of this (see the module docstring)."""
-    return 1 if precision == "int4" else ROW_ALIGN
+    return 1 if precision.startswith("int4") else ROW_ALIGN
 
 
 def pad_rows(n: int, align: int = ROW_ALIGN) -> int:

@@ -1,0 +1,163 @@
+"""Weight-only quantization (precision int4): GGUF blocks decode to exactly the file's values, the
+packed form round-trips, the AVX2 kernel and the PyTorch fallback agree with a float64 reference and
+are batch-invariant, and speculative == plain greedy in int4."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize
+
+from conftest import engine_config
+from specdec.config import SpeculativeConfig
+from specdec.llm import LLM
+from specdec.quant import kernel, packed
+from specdec.quant.gguf_blocks import PACKABLE, decode
+from specdec.quant.packed import QuantLinear, QuantTensor
+from specdec.sampling_params import SamplingParams
+
+ROWS, COLS = 24, 512
+
+
+def _random_blocks(qtype: Q, rng: np.random.Generator) -> np.ndarray:
+    """A tensor of `qtype` with random codes and small finite f16 scales, as the file stores it."""
+    if qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0):  # gguf-py can quantize these itself
+        return gguf.quants.quantize(rng.standard_normal((ROWS, COLS)).astype(np.float32), qtype)
+    per_block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (ROWS * COLS // per_block, nbytes), dtype=np.uint8)
+    f16 = lambda n: rng.uniform(-0.05, 0.05, (raw.shape[0], n)).astype(np.float16).view(np.uint8)  # noqa: E731
+    if qtype == Q.Q6_K:
+        raw[:, 208:210] = f16(1)
+    else:  # Q4_K, Q5_K: d and dmin lead the block
+        raw[:, 0:4] = f16(2)
+    return raw.reshape(ROWS, -1)
+
+
+@pytest.mark.parametrize("qtype", sorted(PACKABLE, key=lambda q: q.name), ids=lambda q: q.name)
+def test_blocks_decode_to_the_files_values_and_pack_round_trips(qtype):
+    raw = _random_blocks(qtype, np.random.default_rng(int(qtype)))
+    ref = dequantize(raw, qtype).reshape(ROWS, COLS)
+    c = decode(raw, qtype, ROWS, COLS)
+    w = c.q.reshape(ROWS, -1, c.group).astype(np.float32) * c.scale[..., None]
+    if c.offset is not None:
+        w = w + c.offset[..., None]
+    assert np.array_equal(w.reshape(ROWS, COLS), ref)
+    qt = QuantTensor.from_codes(c)
+    assert torch.equal(qt.dequantize(), torch.from_numpy(ref))          # packing loses nothing
+    assert torch.equal(qt.dequantize(torch.tensor([3, 0, 3])), torch.from_numpy(ref[[3, 0, 3]]))
+    assert qt.bits == (4 if qtype in (Q.Q4_0, Q.Q4_1, Q.Q4_K) else 8)
+
+
+def _layers():
+    rng = np.random.default_rng(7)
+    out = {}
+    for qtype in (Q.Q4_K, Q.Q4_0, Q.Q8_0, Q.Q6_K, Q.Q5_K):
+        out[qtype.name] = QuantTensor.from_codes(decode(_random_blocks(qtype, rng), qtype, ROWS, COLS))
+    return out
+
+
+LAYERS = _layers()
+
+
+@pytest.fixture(params=["kernel", "fallback"])
+def path(request, monkeypatch):
+    if request.param == "kernel":
+        if not kernel.available():
+            pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    else:
+        monkeypatch.setattr(packed.kernel, "available", lambda: False)
+    return request.param
+
+
+@pytest.mark.parametrize("act8", [False, True], ids=["int4", "int4-a8"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_quantized_linear_matches_float64_and_is_batch_invariant(name, path, act8):
+    qt = LAYERS[name]
+    lin = QuantLinear([qt], act8)
+    x = torch.randn(11, COLS, generator=torch.Generator().manual_seed(1))
+    # int4-a8 rounds x to int8 per 32 values (offsets see the unrounded sums); int4 uses x as it is
+    xr = packed.quantize_act8(x) if act8 else x
+    ref = xr.double() @ qt.dequantize().double().t()
+    if act8 and qt.offset is not None:
+        xs = lambda v: v.double().view(11, -1, qt.group).sum(-1)  # noqa: E731
+        ref += (xs(x) - xs(xr)) @ qt.offset.double().t()
+    y = lin(x)
+    bound = 1e-5 * (x.double().abs() @ qt.dequantize().double().abs().t()) + 1e-6
+    assert ((y.double() - ref).abs() <= bound).all()
+    for rows in (1, 2, 3, 4, 5, 8, 9):  # any row count, any neighbours: bitwise the same row
+        sel = torch.randperm(11, generator=torch.Generator().manual_seed(rows))[:rows]
+        assert torch.equal(lin(x[sel]), y[sel])
+
+
+def test_kernel_and_fallback_agree_and_mixed_parts_fill_their_columns(monkeypatch):
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    dense = torch.randn(5, COLS)
+    lin = QuantLinear([LAYERS["Q4_K"], dense, LAYERS["Q6_K"]])
+    assert lin.shape == (2 * ROWS + 5, COLS)
+    x = torch.randn(6, COLS)
+    fast = lin(x)
+    monkeypatch.setattr(packed.kernel, "available", lambda: False)
+    slow = lin(x)
+    w = torch.cat([LAYERS["Q4_K"].dequantize(), dense, LAYERS["Q6_K"].dequantize()])
+    ref = x.double() @ w.double().t()
+    for y in (fast, slow):
+        assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_kernel_refuses_an_unsupported_layout():
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    qt = LAYERS["Q8_0"]
+    with pytest.raises(ValueError, match="unsupported layout"):
+        kernel.qlinear(torch.randn(1, COLS), 8, 64, qt.codes, qt.scale, None, torch.empty(1, ROWS))
+
+
+def test_int4_model_logits_close_to_float32(tiny_qwen):
+    """Report-style check: int4 keeps the file's weights, so only the summation order differs."""
+    from specdec.models.loader import load_model
+    from specdec.models.llama import LlamaModel
+    from specdec.runner.attention import AttentionMetadata, SeqAttention
+    ids = torch.tensor([5, 17, 99, 3, 250, 41, 7])
+    out = {}
+    for precision in ("float32", "int4"):
+        loaded = load_model(str(tiny_qwen), precision, progress=False)
+        assert loaded.precision == precision
+        model = LlamaModel(loaded.config, loaded.weights, 64, torch.device("cpu"))
+        cfg, n = loaded.config, model.row_align * -(-len(ids) // model.row_align)
+        caches = [(torch.zeros(64, cfg.num_kv_heads, cfg.head_dim), torch.zeros(64, cfg.num_kv_heads, cfg.head_dim))
+                  for _ in range(cfg.num_layers)]
+        pad = n - len(ids)
+        meta = AttentionMetadata(torch.arange(len(ids)), [SeqAttention(0, len(ids), 0, torch.arange(len(ids)))], n)
+        hidden = model.forward(torch.cat([ids, ids.new_zeros(pad)]), torch.arange(n), meta, caches)
+        out[precision] = model.compute_logits(hidden)[: len(ids)]
+    assert model.packed and model.row_align == 1
+    err = (out["int4"] - out["float32"]).abs().max().item()
+    assert 0 < err < 1e-3 * out["float32"].abs().max().item()  # same weights, different summation order
+
+
+@pytest.mark.parametrize("precision", ["int4", "int4-a8"])
+@pytest.mark.parametrize("method,draft", [("ngram", None), ("draft_model", "tiny_llama")])
+def test_int4_speculative_equals_plain_greedy(tiny_qwen, request, method, draft, precision):
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompts = ["hello there", "the cat sat on the mat and then the cat sat on the mat", "a"]
+    plain = LLM(config=engine_config(str(tiny_qwen), precision=precision), progress=False)
+    ref = [o.token_ids for o in plain.generate(prompts, params)]
+    cfg = engine_config(str(tiny_qwen), precision=precision)
+    cfg.speculative = SpeculativeConfig(method=method, num_speculative_tokens=3, policy="fixed",
+                                        draft_model=str(request.getfixturevalue(draft)) if draft else None)
+    spec = LLM(config=cfg, progress=False)
+    outs = spec.generate(prompts, params)
+    assert [o.token_ids for o in outs] == ref
+    assert all(o.stats.precision == precision for o in outs)
+    assert sum(o.stats.drafted_tokens for o in outs) > 0
+
+
+def test_int4_refuses_a_safetensors_folder(tmp_path):
+    from specdec.models.gguf_loader import ModelFileError
+    from specdec.models.loader import load_model
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelFileError, match="int4"):
+        load_model(str(tmp_path), "int4", progress=False)
