@@ -71,6 +71,8 @@ def _add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4 if defaults else None,
                    help="k for the fixed policy, the maximum k otherwise")
     p.add_argument("--spec-policy", choices=SPEC_POLICIES, default="cost_model" if defaults else None)
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="the draft model scores only N frequent tokens (cheaper steps; still lossless)")
     p.add_argument("--spec-deterministic", action="store_true",
                    help="cost model decides from acceptance counts alone (a seed then fixes the text)")
 
@@ -95,7 +97,8 @@ def speculative_config(a: argparse.Namespace):
             raise ValueError(f"{a.model} has no default draft model; name one with --draft")
     cfg = SpeculativeConfig(method=method, draft_model=draft,
                             num_speculative_tokens=4 if a.num_speculative_tokens is None else a.num_speculative_tokens,
-                            policy=a.spec_policy or "cost_model", deterministic=a.spec_deterministic)
+                            policy=a.spec_policy or "cost_model", deterministic=a.spec_deterministic,
+                            draft_vocab_size=a.draft_vocab)
     what = f"draft model {draft}" if method == "draft_model" else "n-gram prompt lookup"
     print(f"speculation: {what}, k={cfg.num_speculative_tokens}, policy={cfg.policy}", file=sys.stderr)
     return cfg

@@ -102,12 +102,16 @@ class SpeculativeConfig:
     router: bool = False                   # choose a proposer per request (domain + measured gain)
     router_exploration: float = 0.2        # UCB bonus weight of the per-domain bandit
     draft_idle_seconds: float | None = 600.0  # unload a lazily loaded draft idle this long (None: never)
+    draft_vocab_size: int | None = None    # draft models score only this many frequent tokens (None: all)
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
             raise ValueError(f"speculative method must be one of {SPEC_METHODS}, got {self.method!r}")
         if self.policy not in SPEC_POLICIES:
             raise ValueError(f"speculative policy must be one of {SPEC_POLICIES}, got {self.policy!r}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 256:
+            raise ValueError(f"draft_vocab_size must be >= 256 (or null for the full vocabulary), "
+                             f"got {self.draft_vocab_size}")
         if not 0 <= self.num_speculative_tokens <= 16:
             raise ValueError(f"num_speculative_tokens must be in [0, 16], got {self.num_speculative_tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max:

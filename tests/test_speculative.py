@@ -280,3 +280,38 @@ def test_abort_frees_both_pools(tiny_qwen, tiny_llama):
     assert eng.proposer.kv.num_free_blocks() < eng.proposer.kv.num_blocks
     eng.abort(req.request_id)
     assert_all_free(llm) and not eng.has_unfinished()
+
+
+@pytest.mark.parametrize("precision", ["float32", "int4"])
+def test_subvocab_draft_is_lossless_and_scores_only_its_tokens(tiny_qwen, tiny_llama, precision):
+    """A draft restricted to a frequent-token sub-vocabulary: cheaper output layer, never proposes a
+    token outside it, and speculative greedy output still equals plain."""
+    import torch
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    plain = LLM(config=engine_config(str(tiny_qwen), precision=precision), progress=False)
+    ref = tokens(plain, params)
+    cfg = engine_config(str(tiny_qwen), precision=precision)
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
+                                        policy="fixed", draft_vocab_size=256)
+    llm = LLM(config=cfg, progress=False)
+    model = llm.engine.proposer.runner.model
+    ids = model.vocab_ids
+    vocab = model.cfg.vocab_size
+    assert ids is not None and len(ids) == 256 < vocab and torch.equal(ids, ids.sort().values)
+    assert set(plain.engine.loaded.tokenizer.eos_token_ids) <= set(ids.tolist())
+    assert model.lm_head.shape[0] == 256
+    logits = model.compute_logits(torch.randn(model.row_align, model.cfg.hidden_size))
+    outside = torch.ones(vocab, dtype=torch.bool)
+    outside[ids] = False
+    assert logits.shape == (model.row_align, vocab) and torch.isinf(logits[:, outside]).all()
+    assert torch.isfinite(logits[:, ids]).all()
+    assert tokens(llm, params) == ref
+    sampled = llm.generate(PROMPTS, SamplingParams(max_tokens=20, temperature=1.0, seed=3, ignore_eos=True))
+    assert all(len(o.token_ids) == 20 for o in sampled)
+    assert sum(o.stats.drafted_tokens for o in sampled) > 0
+    assert_all_free(llm)
+
+
+def test_draft_vocab_size_is_validated():
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        SpeculativeConfig(draft_vocab_size=10)

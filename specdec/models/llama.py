@@ -99,6 +99,7 @@ class LlamaModel:
         self.dtype = torch.float32 if self.packed else qkv.dtype
         self.row_align = 1 if self.packed else ROW_ALIGN  # rows are padded to a multiple of this
         self.cos, self.sin = rope_tables(cfg, max_positions, device)
+        self.vocab_ids: torch.Tensor | None = None  # set by restrict_vocab
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -123,6 +124,16 @@ class LlamaModel:
             h = h + linear(F.silu(gate) * up, w[p + "down"])
         return rms_norm(h, w["norm"], cfg.rms_norm_eps)
 
+    def restrict_vocab(self, ids: torch.Tensor) -> None:
+        """Score only these token ids from now on (a draft's sub-vocabulary); the rest get -inf."""
+        head = self.lm_head
+        self.lm_head = head.select_rows(ids) if isinstance(head, QuantLinear) else head[ids].contiguous()
+        self.vocab_ids = ids.to(self.cos.device)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [num_rows, hidden_size] (a multiple of `row_align` rows) -> float32 logits [num_rows, vocab]."""
-        return linear(hidden, self.lm_head).float()
+        logits = linear(hidden, self.lm_head).float()
+        if self.vocab_ids is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.cfg.vocab_size), float("-inf"))
+        return full.index_copy_(1, self.vocab_ids, logits)

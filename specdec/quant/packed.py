@@ -108,6 +108,17 @@ class QuantLinear:
             col += n
         return out
 
+    def select_rows(self, ids: torch.Tensor) -> QuantLinear:
+        """The layer restricted to the given output rows (a draft's sub-vocabulary output layer)."""
+        if len(self.parts) != 1:
+            raise ValueError("row selection needs a single-part layer")
+        p = self.parts[0]
+        if not isinstance(p, QuantTensor):
+            return QuantLinear([p[ids].contiguous()], self.act8)
+        offset = None if p.offset is None else p.offset[ids].contiguous()
+        sub = QuantTensor(p.bits, p.group, p.codes[ids].contiguous(), p.scale[ids].contiguous(), offset, p.cols)
+        return QuantLinear([sub], self.act8)
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of W for the given ids (the embedding table as a lookup): [len(ids), in] float32."""
         if len(self.parts) != 1:

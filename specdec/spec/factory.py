@@ -35,4 +35,4 @@ def build_draft_proposer(config: EngineConfig, target: LoadedModel, draft_loaded
     shared = check_same_vocabulary(target.tokenizer.token_strings, draft.tokenizer.token_strings,
                                    target.name, draft.name)
     return DraftModelProposer(draft, config.cache.draft_cache_blocks, config.cache.block_size,
-                              torch.device(config.model.device), shared, max_model_len)
+                              torch.device(config.model.device), shared, max_model_len, spec.draft_vocab_size)
