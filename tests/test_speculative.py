@@ -315,3 +315,45 @@ def test_subvocab_draft_is_lossless_and_scores_only_its_tokens(tiny_qwen, tiny_l
 def test_draft_vocab_size_is_validated():
     with pytest.raises(ValueError, match="draft_vocab_size"):
         SpeculativeConfig(draft_vocab_size=10)
+
+
+def test_self_auto_refuses_a_model_too_shallow_to_skip(tiny_qwen):
+    cfg = engine_config(str(tiny_qwen))  # two layers: nothing between the kept edges
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model="self:auto")
+    with pytest.raises(ValueError, match="too few layers"):
+        LLM(config=cfg, progress=False)
+
+
+def test_self_draft_references_parse_and_candidates_keep_the_edges():
+    from specdec.spec.self_draft import candidates, format_skip, parse_skip
+    assert parse_skip("self:skip=3-5,9", 12) == frozenset({3, 4, 5, 9})
+    assert format_skip(frozenset({3, 4, 5, 9})) == "self:skip=3-5,9-9"
+    assert parse_skip("self:auto", 12) is None and parse_skip("self", 12) is None
+    for bad in ("self:skip=5-20", "self:skip=x", "self:drop=3", "self:skip=0-11"):
+        with pytest.raises(ValueError):
+            parse_skip(bad, 12)
+    for skip in candidates(28):
+        assert min(skip) >= 2 and max(skip) <= 25 and len(skip) in (7, 9, 14)
+
+
+@pytest.mark.parametrize("reference", ["self:skip=2-3", "self:auto"])
+def test_self_draft_is_lossless(tiny_dir, reference, tmp_path, monkeypatch):
+    """The target with layers skipped drafts for itself: shared weights, own KV pool, exact output."""
+    from tiny_gguf import write_tiny_gguf
+    target = tiny_dir / "tiny-qwen2-6l.gguf"
+    if not target.exists():
+        write_tiny_gguf(target, arch="qwen2", seed=4, num_layers=6)
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))  # self:auto measures and caches here
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    ref = tokens(LLM(config=engine_config(str(target)), progress=False), params)
+    cfg = engine_config(str(target))
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=reference, num_speculative_tokens=3,
+                                        policy="fixed")
+    llm = LLM(config=cfg, progress=False)
+    proposer = llm.engine.proposer
+    assert proposer.name.startswith("self:skip=") and proposer.loaded is llm.engine.loaded  # no second copy
+    assert proposer.runner.model.skip_layers
+    assert tokens(llm, params) == ref
+    assert_all_free(llm)
+    if reference == "self:auto":
+        assert list((tmp_path / "self-draft").glob("*.json"))

@@ -87,7 +87,8 @@ class LlamaModel:
     """Stateless forward over flat token rows; the KV cache lives in the runner."""
 
     def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], max_positions: int,
-                 device: torch.device) -> None:
+                 device: torch.device, skip_layers: frozenset[int] = frozenset()) -> None:
+        """`skip_layers`: layers the forward leaves out (self-speculation: the target as its own draft)."""
         missing = set(param_shapes(cfg)) - set(weights)
         if missing:
             raise ValueError(f"model weights missing: {sorted(missing)[:5]}")
@@ -100,6 +101,7 @@ class LlamaModel:
         self.row_align = 1 if self.packed else ROW_ALIGN  # rows are padded to a multiple of this
         self.cos, self.sin = rope_tables(cfg, max_positions, device)
         self.vocab_ids: torch.Tensor | None = None  # set by restrict_vocab
+        self.skip_layers = skip_layers
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -111,6 +113,8 @@ class LlamaModel:
         embed = w["embed"]
         h = embed.embed(input_ids) if isinstance(embed, QuantLinear) else embed[input_ids].to(self.dtype)
         for n in range(cfg.num_layers):
+            if n in self.skip_layers:
+                continue
             p = f"layers.{n}."
             x = rms_norm(h, w[p + "input_norm"], cfg.rms_norm_eps)
             qkv = linear(x, w[p + "qkv"], w.get(p + "qkv_bias"))

@@ -41,11 +41,13 @@ class DraftModelProposer:
     method = "draft_model"
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: torch.device,
-                 vocab_size: int, max_model_len: int, draft_vocab_size: int | None = None) -> None:
-        self.name = loaded.name
+                 vocab_size: int, max_model_len: int, draft_vocab_size: int | None = None,
+                 skip_layers: frozenset[int] | None = None, name: str | None = None) -> None:
+        """`skip_layers`: self-speculation (`loaded` is the target; see spec/self_draft.py)."""
+        self.name = name or loaded.name
         self.loaded = loaded
         self.max_model_len = min(max_model_len, loaded.config.max_position)
-        model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, device)
+        model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, device, skip_layers or frozenset())
         if draft_vocab_size is not None and draft_vocab_size < vocab_size:
             from specdec.spec.subvocab import build_subvocab
             model.restrict_vocab(build_subvocab(loaded.tokenizer, vocab_size, draft_vocab_size))

@@ -139,7 +139,8 @@ class DraftSet:
         assert spec is not None
         lazy = EngineConfig(model=config.model, cache=config.cache, scheduler=config.scheduler,
                             speculative=type(spec)(method="draft_model", draft_model=model,
-                                                   num_speculative_tokens=spec.num_speculative_tokens))
+                                                   num_speculative_tokens=spec.num_speculative_tokens,
+                                                   draft_vocab_size=spec.draft_vocab_size))
         log.info("loading draft %s from %s", proposer_id, model)
         self._loading[proposer_id] = self._executor.submit(
             build_draft_proposer, lazy, self.target, None, self.max_model_len, False)

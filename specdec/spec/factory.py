@@ -10,6 +10,7 @@ from specdec.models import registry
 from specdec.models.loader import LoadedModel, load_model
 from specdec.spec.draft_model import DraftModelProposer, check_same_vocabulary
 from specdec.spec.ngram import NgramProposer
+from specdec.spec.self_draft import format_skip, is_self_draft, parse_skip, resolve_auto
 
 
 def default_draft(target_name: str) -> str | None:
@@ -29,10 +30,18 @@ def build_draft_proposer(config: EngineConfig, target: LoadedModel, draft_loaded
     if name is None and draft_loaded is None:
         raise ValueError(f"no draft model given and {target.name!r} has no default draft; "
                          "pass draft_model=... or use method='ngram'")
-    draft = draft_loaded or load_model(name, config.model.precision, config.model.device, progress)
+    skip = None
+    if is_self_draft(name):  # self-speculation: the target's own weights, some layers skipped
+        skip = parse_skip(name, target.config.num_layers)
+        if skip is None:
+            skip = resolve_auto(target, progress)
+        name, draft = format_skip(skip), target
+    else:
+        draft = draft_loaded or load_model(name, config.model.precision, config.model.device, progress)
     if progress:
         print(f"draft model {draft.name} loaded in {draft.load_seconds:.1f}s", file=sys.stderr)
     shared = check_same_vocabulary(target.tokenizer.token_strings, draft.tokenizer.token_strings,
                                    target.name, draft.name)
     return DraftModelProposer(draft, config.cache.draft_cache_blocks, config.cache.block_size,
-                              torch.device(config.model.device), shared, max_model_len, spec.draft_vocab_size)
+                              torch.device(config.model.device), shared, max_model_len, spec.draft_vocab_size,
+                              skip_layers=skip, name=name if skip is not None else None)
