@@ -97,14 +97,15 @@ def test_kernel_and_fallback_agree_and_mixed_parts_fill_their_columns(monkeypatc
     dense = torch.randn(5, COLS)
     lin = QuantLinear([LAYERS["Q4_K"], dense, LAYERS["Q6_K"]])
     assert lin.shape == (2 * ROWS + 5, COLS)
-    x = torch.randn(6, COLS)
+    x = torch.randn(6, COLS, generator=torch.Generator().manual_seed(5))
     fast = lin(x)
     monkeypatch.setattr(packed.kernel, "available", lambda: False)
     slow = lin(x)
     w = torch.cat([LAYERS["Q4_K"].dequantize(), dense, LAYERS["Q6_K"].dequantize()])
     ref = x.double() @ w.double().t()
+    bound = 1e-5 * (x.double().abs() @ w.double().abs().t()) + 1e-6  # float32 sums of 512 terms
     for y in (fast, slow):
-        assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-4)
+        assert ((y.double() - ref).abs() <= bound).all()
 
 
 def test_kernel_refuses_an_unsupported_layout():

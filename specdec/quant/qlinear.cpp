@@ -19,6 +19,13 @@ inline float hsum(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+// Output features are handed out in chunks on demand, not split evenly up front: when another process
+// takes a core, the thread that keeps its core does more of the work instead of waiting at the end.
+inline int chunk_size(int64_t n, int threads) {
+    int64_t c = n / (threads * 16);
+    return (int)(c < 8 ? 8 : c);
+}
+
 // 32 codes of one group as four vectors of 8 floats, in element order.
 // int4: 16 bytes, element i in the low nibble of byte i, element 16 + i in the high nibble.
 inline void decode4(const uint8_t* p, __m256* w) {
@@ -91,7 +98,7 @@ void run(const float* x, int64_t rows, int64_t k, const void* codes, const float
             }
     }
     constexpr int T = 4;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk_size(n, threads))
     for (int64_t j = 0; j < n; ++j) {
         const uint8_t* c = (const uint8_t*)codes + j * row_bytes;
         const float* s = scale + j * groups;
@@ -182,7 +189,7 @@ void run_a8(const float* x, int64_t rows, int64_t k, const void* codes, const fl
                 xsum[r * groups + g] = hsum(a);
             }
     constexpr int T = 4;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk_size(n, threads))
     for (int64_t j = 0; j < n; ++j) {
         const uint8_t* c = (const uint8_t*)codes + j * row_bytes;
         const float* s = scale + j * groups;
