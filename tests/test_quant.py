@@ -153,6 +153,8 @@ def test_int4_speculative_equals_plain_greedy(tiny_qwen, request, method, draft,
     outs = spec.generate(prompts, params)
     assert [o.token_ids for o in outs] == ref
     assert all(o.stats.precision == precision for o in outs)
+    # int4 rows are not padded: the cost model prices every extra verified row
+    assert all(c.verify_costs.row_align == 1 for c in spec.engine.controllers.values())
     assert sum(o.stats.drafted_tokens for o in outs) > 0
 
 

@@ -357,3 +357,17 @@ def test_self_draft_is_lossless(tiny_dir, reference, tmp_path, monkeypatch):
     assert_all_free(llm)
     if reference == "self:auto":
         assert list((tmp_path / "self-draft").glob("*.json"))
+
+
+def test_cost_table_follows_the_runners_row_padding():
+    """float32 pads rows to 4 (1-4 rows cost the same); int4 does not, so each row is priced."""
+    from specdec.spec.controller import CostTable
+    padded, exact = CostTable(1.0, row_align=4), CostTable(1.0, row_align=1)
+    for t in (padded, exact):
+        t.record(1, 0.10)
+        t.record(4, 0.40)
+    assert padded.estimate(2) == 0.40                 # one key for 1..4 rows: the newest timing
+    assert exact.estimate(1) == 0.10 and exact.estimate(4) == 0.40
+    assert exact.estimate(2) == pytest.approx(0.20)   # interpolated between measured row counts
+    c = SpecController(SpeculativeConfig(), row_align=1)
+    assert c.verify_costs.row_align == 1 and c.draft_costs.row_align == 1
