@@ -17,7 +17,8 @@ from specdec.sampling_params import SamplingParams
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_TARGET, help="registry name, .gguf path or model folder")
-    p.add_argument("--precision", "--dtype", dest="precision", default="float32", choices=PRECISIONS)
+    p.add_argument("--precision", "--dtype", dest="precision", default="auto", choices=("auto", *PRECISIONS),
+                   help="auto (default): int4 on a CPU with the AVX2 kernel, else float32 (the exact oracle)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -185,6 +186,9 @@ def serve_configs(a: argparse.Namespace):
     else:
         engine_cfg, server_cfg = EngineConfig(), ServerConfig()
     model = dataclasses.asdict(engine_cfg.model)
+    if a.precision is None and a.config is None:
+        a.precision = "auto"
+        resolve_precision(a)
     for flag, name in (("model", "model"), ("precision", "precision"), ("device", "device"),
                        ("max_model_len", "max_model_len"), ("threads", "num_threads")):
         if getattr(a, flag) is not None:
@@ -309,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     sv.add_argument("--config", help="YAML config (execution_config, speculative, server); flags override it")
     sv.add_argument("--model", default=None, help="registry name, .gguf path or model folder")
-    sv.add_argument("--precision", "--dtype", dest="precision", default=None, choices=PRECISIONS)
+    sv.add_argument("--precision", "--dtype", dest="precision", default=None, choices=("auto", *PRECISIONS),
+                    help="default: the YAML's, else auto (int4 on a CPU with the AVX2 kernel, else float32)")
     sv.add_argument("--device", default=None, help="cpu or cuda[:N]")
     sv.add_argument("--max-model-len", type=int, default=None)
     sv.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -375,9 +380,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_precision(a: argparse.Namespace) -> None:
+    """`auto` -> int4 on a CPU where the kernel builds (its greedy output matched float32's for 32
+    tokens on 10 of 10 shipped prompts, at 2.5x the speed: README, Precision modes), else float32.
+    Says which on stderr; every output's stats.precision records it."""
+    if getattr(a, "precision", None) != "auto":
+        return
+    if getattr(a, "device", "cpu") == "cpu":
+        from specdec.quant import kernel
+        if kernel.available():
+            a.precision = "int4"
+            print("precision: int4 (the default on this CPU: the GGUF's own weights, float32 activations; "
+                  "--precision float32 for the exact oracle)", file=sys.stderr)
+            return
+        reason = f"the int4 kernel is unavailable: {kernel.unavailable_reason()}"
+    else:
+        reason = f"device {a.device}"
+    a.precision = "float32"
+    print(f"precision: float32 ({reason})", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        resolve_precision(args)
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:  # ModelFileError is a ValueError
         print(f"error: {e}", file=sys.stderr)

@@ -49,14 +49,14 @@ def test_contention_counts_other_processes_only(monkeypatch):
 def test_profile_drafts_writes_json_plot_and_a_recommendation(tiny_qwen, tiny_llama, tmp_path):
     out, png = tmp_path / "profile.json", tmp_path / "profile.png"
     assert main(["profile-drafts", "--model", str(tiny_qwen), "--drafts", f"{tiny_llama},ngram:1-3",
-                 "--sets", "code_edit,prose", "--max-tokens", "8", "-k", "2",
+                 "--sets", "code_gen,prose", "--max-tokens", "8", "-k", "2",
                  "--out", str(out), "--plot", str(png)]) == 0
     report = json.loads(out.read_text())
     assert [r["proposer"] for r in report["proposers"]] == [str(tiny_llama), "ngram:1-3"]
     assert report["target_ms_per_token"] > 0
     for row in report["proposers"]:
         assert row["params"]["k"] == 2 and row["cost_ratio"] >= 0
-        for s in ("code_edit", "prose"):
+        for s in ("code_gen", "prose"):
             d = row["domains"][s]
             assert 0 <= d["acceptance"] <= 1 and len(d["per_position_acceptance"]) == 2
             assert d["predicted_speedup"] > 0 and d["measured_speedup"] > 0

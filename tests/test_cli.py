@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from specdec.cli import main
+from specdec.quant import kernel
 
 STATS_KEYS = {"prompt_tokens", "generated_tokens", "seconds", "ttft_seconds", "tokens_per_second",
               "decode_tokens_per_second", "precision"}
@@ -18,6 +19,9 @@ def run(capsys, *args):
     code = main([str(a) for a in args])
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+DEFAULT_PRECISION = "int4" if kernel.available() else "float32"
 
 
 def test_generate_json_lines_in_order(capsys, tiny_qwen, tmp_path):
@@ -31,12 +35,23 @@ def test_generate_json_lines_in_order(capsys, tiny_qwen, tmp_path):
         assert [x["prompt"] for x in lines] == ["hello", "the cat", "a b c"]
         for x in lines:
             assert set(x) >= {"prompt", "text", "token_ids", "finish_reason", "stats"}
-            assert set(x["stats"]) >= STATS_KEYS and x["stats"]["precision"] == "float32"
+            assert set(x["stats"]) >= STATS_KEYS and x["stats"]["precision"] == DEFAULT_PRECISION
             assert x["finish_reason"] == "length" and len(x["token_ids"]) == 5
         assert "tokens/s" in err
         if not batch:
             first = [x["token_ids"] for x in lines]
     assert [x["token_ids"] for x in lines] == first
+
+
+def test_default_precision_is_said_and_recorded(capsys, tiny_qwen):
+    """The CLI's default mode is int4 where the kernel builds (said on stderr), float32 on request."""
+    code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--json", "--max-tokens", 2, "hi")
+    assert code == 0 and f"precision: {DEFAULT_PRECISION}" in err
+    assert json.loads(out.splitlines()[0])["stats"]["precision"] == DEFAULT_PRECISION
+    code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--json", "--max-tokens", 2,
+                         "--precision", "float32", "hi")
+    assert code == 0 and "precision:" not in err
+    assert json.loads(out.splitlines()[0])["stats"]["precision"] == "float32"
 
 
 def test_generate_plain_text_and_chat(capsys, tiny_qwen):
