@@ -30,7 +30,11 @@ ARMS = {
     "draft_cost_model": ("draft_model", "cost_model"),
     "ngram": ("ngram", "cost_model"),
     "ngram_fixed": ("ngram", "fixed"),
+    # the draft model scoring a 32k-token sub-vocabulary (spec/subvocab.py)
+    "draft_subvocab_fixed": ("draft_model", "fixed"),
+    "draft_subvocab_cost_model": ("draft_model", "cost_model"),
 }
+SUBVOCAB_SIZE = 32768
 
 
 def _arm_llm(name: str, a, target, draft):
@@ -39,7 +43,8 @@ def _arm_llm(name: str, a, target, draft):
     if ARMS[name] is not None:
         method, policy = ARMS[name]
         spec = SpeculativeConfig(method=method, draft_model=draft.name if method == "draft_model" else None,
-                                 num_speculative_tokens=a.k, policy=policy)
+                                 num_speculative_tokens=a.k, policy=policy,
+                                 draft_vocab_size=SUBVOCAB_SIZE if "subvocab" in name else None)
     cfg = EngineConfig(model=ModelConfig(model=target.name, precision=a.precision, device=a.device,
                                          num_threads=a.threads),
                        cache=CacheConfig(target_cache_blocks=512, draft_cache_blocks=512), speculative=spec)

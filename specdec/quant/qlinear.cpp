@@ -9,6 +9,8 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace {
 
 inline float hsum(__m256 v) {
@@ -19,11 +21,52 @@ inline float hsum(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+// The offsets' contribution: sum over groups of offset[g] * (sum of x over group g), in a fixed order.
+inline float offset_dot(const float* offset, const float* xs, int64_t groups) {
+    __m256 o = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8) o = _mm256_fmadd_ps(_mm256_loadu_ps(offset + g), _mm256_loadu_ps(xs + g), o);
+    float tail = 0.f;
+    for (; g < groups; ++g) tail += offset[g] * xs[g];
+    return hsum(o) + tail;
+}
+
+// Per-group sums of x, [rows, k / G] (new[]; the caller deletes).
+template <int G>
+float* group_sums(const float* x, int64_t rows, int64_t k) {
+    const int64_t groups = k / G;
+    float* xsum = new float[rows * groups];
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t g = 0; g < groups; ++g) {
+            __m256 a = _mm256_loadu_ps(x + r * k + g * G);
+            for (int v = 1; v < G / 8; ++v) a = _mm256_add_ps(a, _mm256_loadu_ps(x + r * k + g * G + 8 * v));
+            xsum[r * groups + g] = hsum(a);
+        }
+    return xsum;
+}
+
 // Output features are handed out in chunks on demand, not split evenly up front: when another process
 // takes a core, the thread that keeps its core does more of the work instead of waiting at the end.
 inline int chunk_size(int64_t n, int threads) {
     int64_t c = n / (threads * 16);
     return (int)(c < 8 ? 8 : c);
+}
+
+// Runs tile(MT, j, r, codes, scale, offset) over every output feature j (in parallel) and its rows
+// in tiles of 4, then one at a time; MT arrives as std::integral_constant.
+template <int BITS, int G, class Tile>
+void for_each_feature(int64_t n, int64_t rows, int64_t k, const void* codes, const float* scale,
+                      const float* offset, int threads, Tile tile) {
+    const int64_t groups = k / G, row_bytes = BITS == 4 ? k / 2 : k;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk_size(n, threads))
+    for (int64_t j = 0; j < n; ++j) {
+        const uint8_t* c = (const uint8_t*)codes + j * row_bytes;
+        const float* s = scale + j * groups;
+        const float* o = offset ? offset + j * groups : nullptr;
+        int64_t r = 0;
+        for (; r + 4 <= rows; r += 4) tile(std::integral_constant<int, 4>{}, j, r, c, s, o);
+        for (; r < rows; ++r) tile(std::integral_constant<int, 1>{}, j, r, c, s, o);
+    }
 }
 
 // 32 codes of one group as four vectors of 8 floats, in element order.
@@ -66,49 +109,21 @@ inline void tile(const float* x, int64_t k, const float* xsum, const void* codes
             acc[r] = _mm256_fmadd_ps(s, t, acc[r]);
         }
     }
-    for (int r = 0; r < MT; ++r) {
-        float out = hsum(acc[r]);
-        if (offset) {
-            const float* xs = xsum + r * groups;
-            __m256 o = _mm256_setzero_ps();
-            int64_t g = 0;
-            for (; g + 8 <= groups; g += 8) o = _mm256_fmadd_ps(_mm256_loadu_ps(offset + g), _mm256_loadu_ps(xs + g), o);
-            float tail = 0.f;
-            for (; g < groups; ++g) tail += offset[g] * xs[g];
-            out += hsum(o) + tail;
-        }
-        y[r * ldy] = out;
-    }
+    for (int r = 0; r < MT; ++r)
+        y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
 }
 
 template <int BITS, int G>
 void run(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale, const float* offset,
          int64_t n, float* y, int64_t ldy, int threads) {
     const int64_t groups = k / G;
-    const int64_t row_bytes = BITS == 4 ? k / 2 : k;
     // per-group sums of x, always in the same order: the offsets' contribution
-    float* xsum = nullptr;
-    if (offset) {
-        xsum = new float[rows * groups];
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t g = 0; g < groups; ++g) {
-                __m256 a = _mm256_loadu_ps(x + r * k + g * G);
-                for (int v = 1; v < G / 8; ++v) a = _mm256_add_ps(a, _mm256_loadu_ps(x + r * k + g * G + 8 * v));
-                xsum[r * groups + g] = hsum(a);
-            }
-    }
-    constexpr int T = 4;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk_size(n, threads))
-    for (int64_t j = 0; j < n; ++j) {
-        const uint8_t* c = (const uint8_t*)codes + j * row_bytes;
-        const float* s = scale + j * groups;
-        const float* o = offset ? offset + j * groups : nullptr;
-        int64_t r = 0;
-        for (; r + T <= rows; r += T)
-            tile<BITS, G, T>(x + r * k, k, xsum ? xsum + r * groups : nullptr, c, s, o, y + r * ldy + j, ldy);
-        for (; r < rows; ++r)
-            tile<BITS, G, 1>(x + r * k, k, xsum ? xsum + r * groups : nullptr, c, s, o, y + r * ldy + j, ldy);
-    }
+    float* xsum = offset ? group_sums<G>(x, rows, k) : nullptr;
+    for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
+                              const void* c, const float* s, const float* o) {
+        tile<BITS, G, decltype(mt)::value>(x + r * k, k, xsum ? xsum + r * groups : nullptr, c, s, o,
+                                           y + r * ldy + j, ldy);
+    });
     delete[] xsum;
 }
 
@@ -149,29 +164,17 @@ inline void tile_a8(const int8_t* xq, const float* sx, int64_t k, const float* x
         }
     }
     const int64_t groups = k / G;
-    for (int r = 0; r < MT; ++r) {
-        float out = hsum(acc[r]);
-        if (offset) {
-            const float* xs = xsum + r * groups;
-            __m256 o = _mm256_setzero_ps();
-            int64_t g = 0;
-            for (; g + 8 <= groups; g += 8) o = _mm256_fmadd_ps(_mm256_loadu_ps(offset + g), _mm256_loadu_ps(xs + g), o);
-            float tail = 0.f;
-            for (; g < groups; ++g) tail += offset[g] * xs[g];
-            out += hsum(o) + tail;
-        }
-        y[r * ldy] = out;
-    }
+    for (int r = 0; r < MT; ++r)
+        y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
 }
 
 template <int BITS, int G>
 void run_a8(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale, const float* offset,
             int64_t n, float* y, int64_t ldy, int threads) {
     const int64_t blocks = k / 32, groups = k / G;
-    const int64_t row_bytes = BITS == 4 ? k / 2 : k;
     int8_t* xq = new int8_t[rows * k];
     float* sx = new float[rows * blocks];
-    float* xsum = offset ? new float[rows * groups] : nullptr;
+    float* xsum = offset ? group_sums<G>(x, rows, k) : nullptr;
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t b = 0; b < blocks; ++b) {
             const float* xb = x + r * k + b * 32;
@@ -181,27 +184,11 @@ void run_a8(const float* x, int64_t rows, int64_t k, const void* codes, const fl
             sx[r * blocks + b] = d;
             for (int i = 0; i < 32; ++i) xq[r * k + b * 32 + i] = (int8_t)__builtin_nearbyintf(xb[i] * id);
         }
-    if (offset)
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t g = 0; g < groups; ++g) {
-                __m256 a = _mm256_loadu_ps(x + r * k + g * G);
-                for (int v = 1; v < G / 8; ++v) a = _mm256_add_ps(a, _mm256_loadu_ps(x + r * k + g * G + 8 * v));
-                xsum[r * groups + g] = hsum(a);
-            }
-    constexpr int T = 4;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk_size(n, threads))
-    for (int64_t j = 0; j < n; ++j) {
-        const uint8_t* c = (const uint8_t*)codes + j * row_bytes;
-        const float* s = scale + j * groups;
-        const float* o = offset ? offset + j * groups : nullptr;
-        int64_t r = 0;
-        for (; r + T <= rows; r += T)
-            tile_a8<BITS, G, T>(xq + r * k, sx + r * blocks, k, xsum ? xsum + r * groups : nullptr, c, s, o,
-                                y + r * ldy + j, ldy);
-        for (; r < rows; ++r)
-            tile_a8<BITS, G, 1>(xq + r * k, sx + r * blocks, k, xsum ? xsum + r * groups : nullptr, c, s, o,
-                                y + r * ldy + j, ldy);
-    }
+    for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
+                              const void* c, const float* s, const float* o) {
+        tile_a8<BITS, G, decltype(mt)::value>(xq + r * k, sx + r * blocks, k, xsum ? xsum + r * groups : nullptr,
+                                              c, s, o, y + r * ldy + j, ldy);
+    });
     delete[] xq;
     delete[] sx;
     delete[] xsum;
