@@ -70,5 +70,7 @@ def test_cli_default_target_json():
                         "def add(a, b):"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     line = json.loads(r.stdout.strip().splitlines()[-1])
-    assert line["stats"]["generated_tokens"] == 6 and line["stats"]["precision"] == "float32"
-    assert "qwen2.5-coder-1.5b-instruct" in r.stderr
+    from specdec.quant import kernel
+    default = "int4" if kernel.available() else "float32"  # the CLI's auto precision
+    assert line["stats"]["generated_tokens"] == 6 and line["stats"]["precision"] == default
+    assert f"precision: {default}" in r.stderr and "qwen2.5-coder-1.5b-instruct" in r.stderr

@@ -23,7 +23,8 @@ MODEL = "qwen2.5-coder-0.5b-instruct"
 @pytest.fixture(scope="module")
 def server05(tmp_path_factory):
     d = tmp_path_factory.mktemp("server05")
-    s = ServerProcess(["--model", MODEL, "--spec", "ngram", "-k", "3", "--max-batch-size", "16"], d / "server.log")
+    s = ServerProcess(["--model", MODEL, "--precision", "float32", "--spec", "ngram", "-k", "3",
+                       "--max-batch-size", "16"], d / "server.log")  # compared with float32 offline
     yield s
     s.stop()
 
