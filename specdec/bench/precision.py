@@ -91,12 +91,11 @@ def run_precision_bench(a) -> dict:
 
 
 def _plot(summary: dict, path: Path, model: str) -> None:
-    import os
-    import tempfile
-
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from specdec.quality.report import save_figure
     modes = list(summary)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ax1.bar(modes, [summary[m]["tok_s_median"] for m in modes], color="tab:blue")
@@ -107,8 +106,5 @@ def _plot(summary: dict, path: Path, model: str) -> None:
     ax2.set_ylabel("greedy output == float32 (fraction of prompts)")
     ax2.set_title("agreement with the float32 oracle")
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
-    os.replace(tmp, path)

@@ -139,6 +139,17 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> LlamaC
     )
 
 
+def check_sources(path: Path, tensors: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+                  sources: dict[str, list[str]]) -> None:
+    """Every tensor the model needs is in the file, in a type we can read: checked before any work."""
+    for name in shapes:
+        for src in sources[name]:
+            if src not in tensors:
+                raise ModelFileError(f"{path}: tensor {src} is missing")
+            if tensors[src].tensor_type not in SUPPORTED_TENSOR_TYPES:
+                raise ModelFileError(f"{path}: tensor {src} has unsupported type {tensors[src].tensor_type.name}")
+
+
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's Q/K row interleaving for `llama` files (back to rotate-half layout)."""
     rows = w.shape[0]
@@ -186,12 +197,7 @@ def load_gguf(path: Path, sha256: str, cache_dir: Path, dtype: torch.dtype, devi
     cfg = config_from_metadata(meta, set(tensors))
     shapes = param_shapes(cfg)
     sources = _gguf_sources(cfg)
-    for name in shapes:
-        for src in sources[name]:
-            if src not in tensors:
-                raise ModelFileError(f"{path}: tensor {src} is missing")
-            if tensors[src].tensor_type not in SUPPORTED_TENSOR_TYPES:
-                raise ModelFileError(f"{path}: tensor {src} has unsupported type {tensors[src].tensor_type.name}")
+    check_sources(path, tensors, shapes, sources)
 
     def build(name: str) -> torch.Tensor:
         parts = []

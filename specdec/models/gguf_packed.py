@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import save_file
 
 from specdec.models import weight_cache
-from specdec.models.gguf_loader import (ModelFileError, SUPPORTED_TENSOR_TYPES, _dequantize, _gguf_sources,
-                                        _unpermute, config_from_metadata, open_reader, read_metadata)
+from specdec.models.gguf_loader import (ModelFileError, _dequantize, _gguf_sources, _unpermute, check_sources,
+                                        config_from_metadata, open_reader, read_metadata)
 from specdec.models.llama import LlamaConfig, param_shapes
 from specdec.quant.gguf_blocks import PACKABLE, decode
 from specdec.quant.packed import QuantLinear, QuantTensor
@@ -67,6 +67,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act8: bool = Fals
     tensors = {t.name: t for t in reader.tensors}
     cfg = config_from_metadata(meta, set(tensors))
     shapes, sources = param_shapes(cfg), _gguf_sources(cfg)
+    check_sources(path, tensors, shapes, sources)
     flat: dict[str, torch.Tensor] = {}
     layout: dict[str, list[dict]] = {}
     from tqdm import tqdm
@@ -74,11 +75,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act8: bool = Fals
         parts: list[dict] = []
         dense_parts: list[np.ndarray] = []
         for i, src in enumerate(sources[name]):
-            t = tensors.get(src)
-            if t is None:
-                raise ModelFileError(f"{path}: tensor {src} is missing")
-            if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
-                raise ModelFileError(f"{path}: tensor {src} has unsupported type {t.tensor_type.name}")
+            t = tensors[src]
             heads = cfg.num_heads if "attn_q" in src else cfg.num_kv_heads
             permute = cfg.architecture == "llama" and src.endswith(("attn_q.weight", "attn_k.weight"))
             if not _is_matrix(name):

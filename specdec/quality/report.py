@@ -161,7 +161,8 @@ def print_table(report: dict, file: TextIO) -> None:
 
 
 # ---- plots --------------------------------------------------------------------------------------
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path) -> None:
+    """Write a PNG under a temporary name, then rename: readers never see half a plot."""
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)
     os.replace(tmp, path)
@@ -198,7 +199,7 @@ def plot(report: dict, overall_path: Path, sets_path: Path) -> None:
     ax_s.set_ylabel("speedup over the reference (median, min-max)")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    _save(fig, overall_path)
+    save_figure(fig, overall_path)
     plt.close(fig)
 
     sets = report["sets"]
@@ -215,5 +216,5 @@ def plot(report: dict, overall_path: Path, sets_path: Path) -> None:
     ax_p.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     fig.suptitle(title + ", per set", fontsize=9)
     fig.tight_layout()
-    _save(fig, sets_path)
+    save_figure(fig, sets_path)
     plt.close(fig)
