@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from specdec.config import DEFAULT_TARGET, PRECISIONS
+from specdec.spec.controller import predicted_speedup
 
 SETS = ("code_edit", "code_gen", "chat", "prose", "zh")
 
@@ -50,15 +51,6 @@ def parse_candidate(spec: str) -> tuple[str, dict]:
                 raise ValueError(f"bad n-gram setting {spec!r}: expected ngram:MIN-MAX, e.g. ngram:1-4") from None
         return "ngram", {"ngram_min": lo, "ngram_max": hi}
     return "draft_model", {"draft_model": spec}
-
-
-def predicted_speedup(acceptance: list[float], k: int, c: float, verify_ratio: float) -> float:
-    """Leviathan et al. 2023 (section 3.4): E[tokens | k] / (k c + t_verify(k + 1) / t_target)."""
-    expected, reach = 1.0, 1.0
-    for a in acceptance[:k]:
-        reach *= a
-        expected += reach
-    return expected / (k * c + verify_ratio)
 
 
 def cmd_profile_drafts(a: argparse.Namespace) -> int:

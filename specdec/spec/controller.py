@@ -41,6 +41,16 @@ _PRIOR_ACCEPTANCE = 0.6   # before this engine has seen any verification
 _GLOBAL_DECAY = 0.99      # engine-wide counts forget slowly: they are the prior for new requests
 
 
+def predicted_speedup(acceptance: list[float], k: int, c: float, verify_ratio: float) -> float:
+    """Leviathan et al. 2023 (section 3.4): E[tokens | k] / (k c + t_verify(k + 1) / t_target), with
+    `acceptance` per draft position (given the position is reached)."""
+    expected, reach = 1.0, 1.0
+    for a in acceptance[:k]:
+        reach *= a
+        expected += reach
+    return expected / (k * c + verify_ratio)
+
+
 class CostTable:
     """EMA of measured seconds by padded row count (the runner pads rows to a multiple of 4, so
     e.g. 1-4 rows cost the same). An unmeasured row count is interpolated between the nearest

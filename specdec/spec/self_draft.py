@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from specdec.config import specdec_home
+from specdec.spec.controller import predicted_speedup
 
 PREFIX = "self"
 _KEEP_EDGE = 2  # layers always kept at each end
@@ -66,11 +67,6 @@ def format_skip(layers: frozenset[int]) -> str:
     return f"{PREFIX}:skip=" + ",".join(f"{r[0]}-{r[-1]}" for r in spans)
 
 
-def predicted_speedup(acceptance: float, k: int, cost_ratio: float) -> float:
-    a = min(acceptance, 0.999)
-    return (1 - a ** (k + 1)) / ((1 - a) * (1 + k * cost_ratio))
-
-
 def candidates(num_layers: int) -> list[frozenset[int]]:
     """Contiguous middle spans of a quarter, a third and half of the layers, at several offsets."""
     inner = range(_KEEP_EDGE, num_layers - _KEEP_EDGE)
@@ -109,7 +105,7 @@ def _top1(loaded, skip: frozenset[int], ids: list[int]) -> torch.Tensor:
 
 
 def choose_skip_layers(loaded, k: int = 3, progress: bool = True) -> dict:
-    """Measure every candidate; returns {"skip": [...], "reference": "self:skip=...", "table": [...]}."""
+    """Measure every candidate; returns {"reference": "self:skip=...", "table": [...], ...}."""
     cands = candidates(loaded.config.num_layers)
     if not cands:
         raise ValueError(f"self:auto: {loaded.name} has too few layers ({loaded.config.num_layers}) to skip "
@@ -121,7 +117,7 @@ def choose_skip_layers(loaded, k: int = 3, progress: bool = True) -> dict:
         agree = (_top1(loaded, skip, ids) == full).float().mean().item()
         c = 1 - len(skip) / loaded.config.num_layers
         table.append({"reference": format_skip(skip), "acceptance": agree, "cost_ratio": c,
-                      "predicted_speedup": predicted_speedup(agree, k, c)})
+                      "predicted_speedup": predicted_speedup([agree] * k, k, c, verify_ratio=1.0)})
         if progress:
             print(f"self-draft {i + 1}/{len(cands)} {table[-1]['reference']}: top-1 agreement {agree:.3f}, "
                   f"predicted {table[-1]['predicted_speedup']:.2f}x", file=sys.stderr)
