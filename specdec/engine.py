@@ -311,11 +311,13 @@ class LLMEngine:
         self.counters.generated_tokens += j + 1
         self.counters.target_forwards += 1
         req.spec_token_ids, req.num_spec_tokens = [], 0
+        rejected = k - num_accepted
         if status is not None:
             req.finish_time = now
+            # its full blocks stay cached for later prompts (a rejected draft's K/V is not its token's)
+            self.kv.commit(req.request_id, req.all_token_ids[: req.num_computed_tokens - rejected])
             self.scheduler.finish(req, status)
             return
-        rejected = k - num_accepted
         if rejected:
             self.kv.rollback(req.request_id, rejected)
             req.num_computed_tokens -= rejected

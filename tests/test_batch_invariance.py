@@ -11,6 +11,7 @@ import torch
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.models.llama import LlamaModel, rms_norm
 from specdec.models.loader import load_model
+from specdec.runner import attention
 from specdec.runner.attention import AttentionMetadata, SeqAttention, linear, paged_attention, pad_rows
 from specdec.runner.model_runner import ModelRunner
 
@@ -18,24 +19,37 @@ ROW_COUNTS = list(range(1, 17)) + [64, 512]
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def padded(x: torch.Tensor) -> torch.Tensor:
-    rows = pad_rows(x.shape[0])
+@pytest.fixture(params=["kernel", "mkl"])
+def float32_path(request, monkeypatch):
+    """float32 runs specdec's kernel where it builds, MKL in 4/8-row blocks elsewhere: check both."""
+    if request.param == "mkl":
+        monkeypatch.setattr(attention, "USE_DENSE_KERNEL", False)
+    elif not attention.kernel.available():
+        pytest.skip(f"kernel unavailable: {attention.kernel.unavailable_reason()}")
+    return request.param
+
+
+def padded(x: torch.Tensor, align: int = attention.ROW_ALIGN) -> torch.Tensor:
+    rows = pad_rows(x.shape[0], align)
     return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])]) if rows > x.shape[0] else x
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("out_features,in_features", [(8960, 1536), (1536, 8960), (1152, 896), (151936 // 8, 896)])
-def test_linear_is_row_invariant(out_features, in_features, dtype):
+def test_linear_is_row_invariant(out_features, in_features, dtype, float32_path):
+    if dtype != torch.float32 and float32_path == "mkl":
+        pytest.skip("the float32 path does not apply")
+    align = attention.row_align(str(dtype).removeprefix("torch."))  # 1: the kernel takes any row count
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(out_features, in_features, generator=g) / in_features ** 0.5).to(dtype)
     x = torch.randn(520, in_features, generator=g).to(dtype)
     ref = linear(x[:512], w)
     for m in ROW_COUNTS:
-        assert torch.equal(linear(padded(x[:m]), w)[:m], ref[:m]), f"{m} rows"
+        assert torch.equal(linear(padded(x[:m], align), w)[:m], ref[:m]), f"{m} rows"
     # the same row at every offset inside a row block
     for offset in range(1, 9):
-        y = linear(padded(x[512 - offset:512 + 5]), w)
-        assert torch.equal(y[offset:offset + 5], linear(padded(x[512:517]), w)[:5]), f"offset {offset}"
+        y = linear(padded(x[512 - offset:512 + 5], align), w)
+        assert torch.equal(y[offset:offset + 5], linear(padded(x[512:517], align), w)[:5]), f"offset {offset}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -101,9 +115,12 @@ def _logits(runner, chunks):
     return runner.execute(SchedulerOutput(chunks=chunks, num_batched_tokens=sum(len(c.token_ids) for c in chunks))).logits
 
 
-@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int4"])
+@pytest.mark.parametrize("precision", ["float32", "float32-mkl", "bfloat16", "int4"])
 @pytest.mark.parametrize("arch", ["tiny_qwen", "tiny_llama"])
-def test_model_logits_bitwise_across_batching(arch, precision, request):
+def test_model_logits_bitwise_across_batching(arch, precision, request, monkeypatch):
+    if precision == "float32-mkl":
+        monkeypatch.setattr(attention, "USE_DENSE_KERNEL", False)
+        precision = "float32"
     runner = _runner(request.getfixturevalue(arch), precision)
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, 260, (37,), generator=g).tolist()

@@ -57,6 +57,17 @@ def test_prefix_cache_hits_and_gives_same_tokens(tiny_qwen):
     assert kv.num_free_blocks() == kv.num_blocks
 
 
+@pytest.mark.parametrize("max_tokens", [1, 9])
+def test_a_finished_request_leaves_every_computed_block_cached(tiny_qwen, max_tokens):
+    """Including the blocks filled by its last step (the prompt itself, when it finishes at prefill)."""
+    llm = make_llm(tiny_qwen, block_size=4)
+    out = llm.generate(["one two three four five six seven eight nine ten"],
+                       SamplingParams(max_tokens=max_tokens, ignore_eos=True))[0]
+    computed = out.prompt_token_ids + out.token_ids[:-1]  # the last token never went through the model
+    # (a lookup leaves at least one token to compute: ask with one more)
+    assert len(llm.engine.kv.find_cached_prefix(computed + [0])) == len(computed) // 4
+
+
 def test_preemption_keeps_outputs(tiny_qwen):
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     ref = ids(make_llm(tiny_qwen).generate(PROMPTS, params))

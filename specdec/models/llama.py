@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.quant.packed import QuantLinear
-from specdec.runner.attention import ROW_ALIGN, AttentionMetadata, linear, paged_attention
+from specdec.runner.attention import AttentionMetadata, linear, paged_attention, row_align
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
@@ -98,7 +98,8 @@ class LlamaModel:
         qkv = weights["layers.0.qkv"]
         self.packed = isinstance(qkv, QuantLinear)  # weight-only quantized: float32 activations
         self.dtype = torch.float32 if self.packed else qkv.dtype
-        self.row_align = 1 if self.packed else ROW_ALIGN  # rows are padded to a multiple of this
+        # rows are padded to a multiple of this
+        self.row_align = row_align("int4" if self.packed else str(self.dtype).removeprefix("torch."), device)
         self.cos, self.sin = rope_tables(cfg, max_positions, device)
         self.vocab_ids: torch.Tensor | None = None  # set by restrict_vocab
         self.skip_layers = skip_layers

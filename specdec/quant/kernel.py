@@ -1,4 +1,4 @@
-"""The AVX2 quantized-linear kernel (`qlinear.cpp`): built with the system C++ compiler on first use
+"""The AVX2 linear kernels (`qlinear.cpp`: quantized weights, and dense float32 weights): built with the system C++ compiler on first use
 into $SPECDEC_HOME/kernels (keyed by the source's hash, written under a temporary name, then
 renamed), loaded with ctypes. Where it cannot be built (no compiler, no AVX2, not x86), `available()`
 says why and the pure-PyTorch path in `packed.py` runs instead."""
@@ -48,7 +48,7 @@ def build(verbose: bool = True) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     if verbose:
-        print(f"building the int4 kernel: {cxx} {SOURCE.name} -> {out}", file=sys.stderr)
+        print(f"building the CPU kernels: {cxx} {SOURCE.name} -> {out}", file=sys.stderr)
     try:
         proc = subprocess.run([cxx, *FLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
         if proc.returncode != 0:
@@ -71,6 +71,8 @@ def _library() -> ctypes.CDLL | str:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.qlinear.argtypes = [p, i64, i64, ctypes.c_int, ctypes.c_int, p, p, p, i64, p, i64, ctypes.c_int, ctypes.c_int]
     lib.qlinear.restype = ctypes.c_int
+    lib.dense_linear.argtypes = [p, i64, i64, p, i64, p, i64, ctypes.c_int]
+    lib.dense_linear.restype = ctypes.c_int
     return lib
 
 
@@ -96,3 +98,16 @@ def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: 
                      out.stride(0), torch.get_num_threads(), int(act8))
     if rc != 0:
         raise ValueError(f"qlinear: unsupported layout bits={bits} group={group} k={x.shape[1]}")
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
+    """out = x @ weight.T for float32 x [rows, k] and weight [n, k], both contiguous, k a multiple of 8;
+    out: [rows, n] with unit column stride. Batch-invariant: each output's sum runs in a fixed order."""
+    lib = _library()
+    assert not isinstance(lib, str), lib
+    assert x.dtype == weight.dtype == torch.float32 and x.is_contiguous() and weight.is_contiguous()
+    assert out.stride(1) == 1 and out.shape == (x.shape[0], weight.shape[0])
+    rc = lib.dense_linear(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], out.data_ptr(),
+                          out.stride(0), torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"dense_linear: k = {x.shape[1]} is not a multiple of 8")

@@ -4,10 +4,11 @@ A token's result must not depend on what else shares its forward. Measured on th
 GEMM computes a row differently depending on the row count (regimes at 1, 2-3, 4-11 and >= 12 rows,
 plus a tail kernel for rows past a multiple of 4), and masked multi-query SDPA changes a row once
 there is more than one query row. So:
-  * float32 `linear` runs `W @ x.T` on blocks of exactly 4 or 8 rows (the 4-11 regime, no tail);
-    rows arrive padded to a multiple of 4. One 4-row block costs about what one row does.
-  * int4 (specdec.quant) reduces every output in a fixed order whatever the row count, so its rows
-    are not padded: there a row costs in proportion to the rows.
+  * float32 `linear` on an AVX2 CPU runs specdec's own kernel (specdec.quant, `dense_linear`), which
+    reduces every output in a fixed order whatever the row count: rows are not padded. It is also
+    1.3-2x faster than MKL here (a 4-row x 3-feature register tile). Without the kernel,
+    `W @ x.T` runs on blocks of exactly 4 or 8 rows (the 4-11 regime, no tail), rows padded to 4.
+  * int4 (specdec.quant) reduces every output in a fixed order as well, so its rows are not padded.
   * attention runs one query token at a time, unmasked, over exactly its own context; its G query
     heads per KV head ride along as G query rows, so repeated K/V heads are never materialized.
 bfloat16 GEMM was row-invariant as it is, so it uses F.linear. tests/test_batch_invariance.py checks
@@ -20,15 +21,25 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.quant import kernel
 from specdec.quant.packed import QuantLinear
 
 ROW_ALIGN = 4
 _ROW_BLOCK = 8
 
 
-def row_align(precision: str) -> int:
+def row_align(precision: str, device: str | torch.device = "cpu") -> int:
     """Rows of a forward are padded to a multiple of this (see the module docstring)."""
-    return 1 if precision.startswith("int4") else ROW_ALIGN
+    if precision.startswith("int4") or (precision == "float32" and _dense_kernel(torch.device(device))):
+        return 1
+    return ROW_ALIGN
+
+
+def _dense_kernel(device: torch.device) -> bool:
+    return device.type == "cpu" and USE_DENSE_KERNEL and kernel.available()
+
+
+USE_DENSE_KERNEL = True  # tests switch it off to check the MKL fallback
 
 
 def pad_rows(n: int, align: int = ROW_ALIGN) -> int:
@@ -43,6 +54,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantLinear, bias: torch.Tens
     if x.dtype != torch.float32 or x.device.type != "cpu":
         return F.linear(x, weight, bias)
     num_rows = x.shape[0]
+    if _dense_kernel(x.device) and x.shape[1] % 8 == 0 and weight.is_contiguous():
+        out = torch.empty(num_rows, weight.shape[0], dtype=x.dtype)
+        kernel.dense_linear(x.contiguous(), weight, out)
+        return out if bias is None else out.add_(bias)
     if num_rows % ROW_ALIGN:  # a dense part of a packed model: pad here so every row takes the 4-11 regime
         pad = torch.zeros(pad_rows(num_rows) - num_rows, x.shape[1], dtype=x.dtype)
         return linear(torch.cat([x, pad]), weight, bias)[:num_rows]

@@ -200,8 +200,9 @@ class DraftSet:
     def _install(self, proposer_id: str, proposer: Proposer) -> None:
         ratio = _NGRAM_COST_RATIO if proposer.method == NGRAM else None
         self.proposers[proposer_id] = proposer
+        align = row_align(self.config.model.precision, self.config.model.device)
         self.controllers[proposer_id] = SpecController(self.config.speculative, draft_cost_ratio=ratio,
-                                                       row_align=row_align(self.config.model.precision))
+                                                       row_align=align)
         self.last_used[proposer_id] = time.monotonic()
 
     # ---- requests across drafts (engine thread) -------------------------------------------------
