@@ -21,7 +21,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="auto (default): int4 on a CPU with the AVX2 kernel, else float32 (the exact oracle)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: chosen per forward by measurement)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -280,6 +280,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
         a.out = a.out if a.out != "bench.json" else "bench-precision.json"
         a.plot = a.plot if a.plot != "bench.png" else "bench-precision.png"
         run_precision_bench(a)
+    elif a.mode == "threads":
+        from specdec.bench.threads import run_threads_bench
+        if a.competitors < 0 or a.calls < 1 or a.repeats < 1 or a.k < 0:
+            raise ValueError("--competitors must be >= 0, --calls and --repeats >= 1, -k >= 0")
+        a.out = a.out if a.out != "bench.json" else "bench-threads.json"
+        a.plot = a.plot if a.plot != "bench.png" else "bench-threads.png"
+        run_threads_bench(a)
     elif a.mode == "serve":
         from specdec.bench.serve_bench import run_serve_bench
         a.arms = a.arms or "plain,draft"
@@ -317,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default: the YAML's, else auto (int4 on a CPU with the AVX2 kernel, else float32)")
     sv.add_argument("--device", default=None, help="cpu or cuda[:N]")
     sv.add_argument("--max-model-len", type=int, default=None)
-    sv.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    sv.add_argument("--threads", type=int, default=None, help="intra-op threads (default: chosen per forward by measurement)")
     sv.add_argument("--max-batch-size", type=int, default=None)
     _add_spec_args(sv, defaults=False)
     sv.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
@@ -342,8 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_models)
 
     b = sub.add_parser("bench", help="benchmark: plain vs speculative arms (spec, the default), plain decoding "
-                                     "alone (decode), or serving under Poisson arrivals (serve)")
-    b.add_argument("mode", nargs="?", choices=["spec", "decode", "serve", "precision"], default="spec")
+                                     "alone (decode), serving under Poisson arrivals (serve), precision modes "
+                                     "against float32 (precision), thread counts under competition (threads)")
+    b.add_argument("mode", nargs="?", choices=["spec", "decode", "serve", "precision", "threads"], default="spec")
     b.add_argument("--precisions", default="int4,int4-a8",
                    help="precision mode: the modes compared with float32")
     _add_model_args(b)
@@ -365,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-batch-size", type=int, default=8, help="serve: running requests")
     b.add_argument("--policy", choices=SPEC_POLICIES, default="cost_model", help="serve: speculation policy")
     b.add_argument("--seed", type=int, default=0, help="serve: arrivals and prompt choice")
+    b.add_argument("--shape", default="17920x1536", help="threads: the layer timed, OUTxIN (default the 1.5B's gate|up)")
+    b.add_argument("--competitors", type=int, default=1, help="threads: busy processes in the contended run")
+    b.add_argument("--calls", type=int, default=10, help="threads: timed calls per cell and repeat")
     b.add_argument("--peer", choices=["none", "transformers"], default="none",
                    help="decode mode: also time transformers float32 on the same prompts, in the same run")
     b.set_defaults(func=cmd_bench)

@@ -28,7 +28,7 @@ class ModelConfig:
     precision: str = "float32"   # float32 is the exact oracle; others are named speed modes
     device: str = "cpu"
     max_model_len: int | None = None  # None: the model's own context length
-    num_threads: int | None = None    # torch intra-op threads; None leaves torch's default
+    num_threads: int | None = None    # intra-op threads; None: chosen per forward by measurement (runner/threads.py)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -28,6 +28,7 @@ from specdec.request import (
     SpecOptions,
 )
 from specdec.runner.model_runner import ModelRunner
+from specdec.runner.threads import thread_tuner
 from specdec.sample.logits_processors import process_logits
 from specdec.sample.rejection_sampler import rejection_sample
 from specdec.sample.sampler import fill_random_inputs, make_generator, top_logprobs
@@ -56,7 +57,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, cc, self.kv, self.max_model_len)
         self.runner = ModelRunner(LlamaModel(cfg, self.loaded.weights, self.max_model_len, self.device),
                                   cc.target_cache_blocks, cc.block_size, self.device,
-                                  self.tokenizer.never_sample_ids, self.tokenizer.vocab_size)
+                                  self.tokenizer.never_sample_ids, self.tokenizer.vocab_size, thread_tuner(mc))
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
         self.counters = EngineCounters()
         # the loaded proposers by id (the configured one first); each has its own controller

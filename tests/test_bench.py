@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from specdec.bench.contention import Contention
 from specdec.bench.spec_bench import PROMPTS_DIR, SETS
@@ -82,3 +83,28 @@ def test_precision_bench_reports_agreement_and_logit_error(tiny_qwen, tmp_path):
     # int4 keeps float32 activations: its error is far below int4-a8's
     assert report["summary"]["int4"]["max_logit_err"] < report["summary"]["int4-a8"]["max_logit_err"]
     assert png.stat().st_size > 1000
+
+
+def test_threads_bench_times_every_kernel_thread_count_and_condition(tmp_path):
+    from specdec.quant import kernel
+    if not kernel.available():
+        pytest.skip(kernel.unavailable_reason())
+    out, png = tmp_path / "threads.json", tmp_path / "threads.png"
+    assert main(["bench", "threads", "--shape", "96x64", "-k", "2", "--repeats", "1", "--calls", "2",
+                 "--competitors", "1", "--out", str(out), "--plot", str(png)]) == 0
+    report = json.loads(out.read_text())
+    cores = report["cores"]
+    assert report["rows"] == [1, 3] and set(report["conditions"]) == {"quiet", "1 competing"}
+    assert len(report["table"]) == 2 * 3 * 2 * cores  # conditions x kernels x row counts x thread counts
+    assert all(r["ms_min"] <= r["ms_median"] <= r["ms_max"] and r["ms_min"] > 0 for r in report["table"])
+    assert all(1 <= t <= cores for t in report["best_threads"].values()) and len(report["best_threads"]) == 12
+    assert png.stat().st_size > 1000
+
+
+def test_threads_bench_layer_is_the_real_layout():
+    from specdec.bench.threads import layer
+    w = layer("int4", 64, 96)
+    x = torch.randn(3, 96)
+    dense = w.parts[0].dequantize()
+    assert w.parts[0].bits == 4 and w.parts[0].offset is not None
+    torch.testing.assert_close(w(x), x @ dense.T, rtol=1e-4, atol=1e-4)

@@ -125,10 +125,11 @@ BROKEN_SAMPLES = min(300, NUM_SAMPLES)  # caught at a few hundred samples (p < 1
 
 @pytest.fixture(scope="module")
 def torch_threads():
-    """torch's own thread count (CI's quiet 2 cores: 2 threads are about 1.6x faster than 1); set
+    """Every core this process may use (CI's quiet 2 cores: 2 threads are about 1.6x faster than 1),
+    not torch's current count, which an earlier test's `--threads 1` engine may have left at 1; set
     SPECDEC_TEST_THREADS=1 on a machine that other jobs share. Restored afterwards."""
     before = torch.get_num_threads()
-    yield int(os.environ.get("SPECDEC_TEST_THREADS", before))
+    yield int(os.environ.get("SPECDEC_TEST_THREADS", len(os.sched_getaffinity(0))))
     torch.set_num_threads(before)
 
 

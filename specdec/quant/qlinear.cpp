@@ -54,7 +54,8 @@ inline int chunk_size(int64_t n, int threads) {
 }
 
 // Runs tile(MT, j, r, codes, scale, offset) over every output feature j (in parallel) and its rows
-// in tiles of 4, then one at a time; MT arrives as std::integral_constant.
+// in tiles of 8, then 4, then one at a time (a group's codes are decoded once per tile, so long tiles
+// serve prefill; MT arrives as std::integral_constant).
 template <int BITS, int G, class Tile>
 void for_each_feature(int64_t n, int64_t rows, int64_t k, const void* codes, const float* scale,
                       const float* offset, int threads, Tile tile) {
@@ -65,6 +66,7 @@ void for_each_feature(int64_t n, int64_t rows, int64_t k, const void* codes, con
         const float* s = scale + j * groups;
         const float* o = offset ? offset + j * groups : nullptr;
         int64_t r = 0;
+        for (; r + 8 <= rows; r += 8) tile(std::integral_constant<int, 8>{}, j, r, c, s, o);
         for (; r + 4 <= rows; r += 4) tile(std::integral_constant<int, 4>{}, j, r, c, s, o);
         for (; r < rows; ++r) tile(std::integral_constant<int, 1>{}, j, r, c, s, o);
     }

@@ -12,12 +12,16 @@ import torch
 from specdec.core.outputs import ModelRunnerOutput, SchedulerOutput
 from specdec.models.llama import LlamaModel
 from specdec.runner.attention import AttentionMetadata, SeqAttention, pad_rows
+from specdec.runner.threads import ThreadTuner
 
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device,
-                 never_sample_ids: list[int] | None = None, vocab_limit: int | None = None) -> None:
+                 never_sample_ids: list[int] | None = None, vocab_limit: int | None = None,
+                 tuner: ThreadTuner | None = None) -> None:
+        """`tuner`: picks the thread count of each forward by measurement (None: leave torch's)."""
         cfg = model.cfg
+        self.tuner = tuner
         self.model = model
         self.block_size = block_size
         self.device = device
@@ -61,9 +65,14 @@ class ModelRunner:
         input_ids = torch.tensor(ids + [0] * pad, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions + [0] * pad, dtype=torch.long, device=self.device)
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=self.device), seqs, num_rows)
+        threads = self.tuner.choose(num_rows) if self.tuner else 0
+        t1 = time.perf_counter()
         hidden = self.model.forward(input_ids, pos_t, meta, self.kv_caches)
         logits = self.compute_logits(hidden, logit_rows)
-        return ModelRunnerOutput(logits=logits, cu_num_logits=cu, forward_seconds=time.perf_counter() - t0)
+        t2 = time.perf_counter()
+        if self.tuner:
+            self.tuner.record(num_rows, threads, t2 - t1)
+        return ModelRunnerOutput(logits=logits, cu_num_logits=cu, forward_seconds=t2 - t0)
 
     def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """Logits for the given rows of the hidden states, never-sample ids at -inf. [len(rows), vocab]"""

@@ -21,6 +21,7 @@ from specdec.models.llama import LlamaModel
 from specdec.models.loader import LoadedModel
 from specdec.request import Request
 from specdec.runner.model_runner import ModelRunner
+from specdec.runner.threads import ThreadTuner
 from specdec.sample.logits_processors import process_logits
 from specdec.sample.sampler import make_generator
 from specdec.spec.proposer import DraftProposal
@@ -42,8 +43,10 @@ class DraftModelProposer:
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: torch.device,
                  vocab_size: int, max_model_len: int, draft_vocab_size: int | None = None,
-                 skip_layers: frozenset[int] | None = None, name: str | None = None) -> None:
-        """`skip_layers`: self-speculation (`loaded` is the target; see spec/self_draft.py)."""
+                 skip_layers: frozenset[int] | None = None, name: str | None = None,
+                 tuner: ThreadTuner | None = None) -> None:
+        """`skip_layers`: self-speculation (`loaded` is the target; see spec/self_draft.py). `tuner`: the
+        draft forwards' own thread-count tuner (runner/threads.py)."""
         self.name = name or loaded.name
         self.loaded = loaded
         self.max_model_len = min(max_model_len, loaded.config.max_position)
@@ -54,7 +57,7 @@ class DraftModelProposer:
         self.vocab_size = vocab_size
         self.kv = KVCacheManager(num_blocks, block_size, enable_caching=True)
         self.runner = ModelRunner(model, num_blocks, block_size, device, loaded.tokenizer.never_sample_ids,
-                                  vocab_limit=vocab_size)
+                                  vocab_limit=vocab_size, tuner=tuner)
         self._generators: dict[str, torch.Generator] = {}
         self.draft_seconds = 0.0  # of the last propose() call
         self.forward_costs: list[tuple[int, float]] = []  # (rows, seconds) of its forwards

@@ -8,6 +8,7 @@ import torch
 from specdec.config import EngineConfig, SpeculativeConfig
 from specdec.models import registry
 from specdec.models.loader import LoadedModel, load_model
+from specdec.runner.threads import thread_tuner
 from specdec.spec.draft_model import DraftModelProposer, check_same_vocabulary
 from specdec.spec.ngram import NgramProposer
 from specdec.spec.self_draft import format_skip, is_self_draft, parse_skip, resolve_auto
@@ -44,4 +45,5 @@ def build_draft_proposer(config: EngineConfig, target: LoadedModel, draft_loaded
                                    target.name, draft.name)
     return DraftModelProposer(draft, config.cache.draft_cache_blocks, config.cache.block_size,
                               torch.device(config.model.device), shared, max_model_len, spec.draft_vocab_size,
-                              skip_layers=skip, name=name if skip is not None else None)
+                              skip_layers=skip, name=name if skip is not None else None,
+                              tuner=thread_tuner(config.model))

@@ -1,0 +1,68 @@
+"""The intra-op thread count, chosen online by measurement.
+
+`specdec bench threads` found no single best count on a 2-core CPU: with the machine to itself every
+kernel is fastest on all cores, but once another process takes a core, a one-row forward (a decode
+step) often runs faster on one thread, because a parallel call waits at its end for a worker the OS
+has descheduled; several rows still gain from two. So each runner keeps, per size class of forward,
+a moving average of seconds per row for each thread count, uses the best, and now and then tries
+the others, which follows a competing process as it comes and goes. Thread counts never change a
+result: every kernel reduces each output on one thread (tests/test_batch_invariance.py).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+PROBE_EVERY = 50  # forwards of a size class between tries of another thread count
+ALPHA = 0.3       # weight of the newest measurement in the moving average
+
+
+def size_class(rows: int) -> int:
+    """Forwards that cost alike per row: one row (decode), a few (verification), many (prefill)."""
+    return 0 if rows == 1 else 1 if rows <= 16 else 2
+
+
+class ThreadTuner:
+    def __init__(self, max_threads: int, probe_every: int = PROBE_EVERY, alpha: float = ALPHA) -> None:
+        # 1, 2, 4, ... and max_threads: the candidates
+        self.counts = sorted({1 << i for i in range(max(1, max_threads).bit_length()) if 1 << i <= max_threads}
+                             | {max(1, max_threads)})
+        self.probe_every, self.alpha = probe_every, alpha
+        self.cost: dict[tuple[int, int], float] = {}  # (size class, threads) -> seconds per row (EMA)
+        self.forwards: dict[int, int] = {}            # size class -> forwards so far
+
+    def best(self, rows: int) -> int | None:
+        c = size_class(rows)
+        measured = [t for t in self.counts if (c, t) in self.cost]
+        return min(measured, key=lambda t: self.cost[c, t]) if measured else None
+
+    def choose(self, rows: int) -> int:
+        """The thread count for a forward of `rows` rows; sets torch's."""
+        c = size_class(rows)
+        n = self.forwards.get(c, 0)
+        self.forwards[c] = n + 1
+        unmeasured = [t for t in self.counts if (c, t) not in self.cost]
+        if unmeasured:
+            threads = unmeasured[-1]  # the most threads first: the quiet machine's best
+        else:
+            threads = self.best(rows)
+            if n % self.probe_every == self.probe_every - 1:  # try the next count in turn
+                threads = self.counts[(n // self.probe_every) % len(self.counts)]
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        return threads
+
+    def record(self, rows: int, threads: int, seconds: float) -> None:
+        key = (size_class(rows), threads)
+        per_row = seconds / rows
+        old = self.cost.get(key)
+        self.cost[key] = per_row if old is None else (1 - self.alpha) * old + self.alpha * per_row
+
+
+def thread_tuner(model_config) -> ThreadTuner | None:
+    """A tuner for a runner of this ModelConfig: on CPU when no thread count is set, else None."""
+    if model_config.num_threads is not None or not model_config.device.startswith("cpu"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return ThreadTuner(cores)

@@ -1,0 +1,79 @@
+"""The thread-count tuner: it measures each count, keeps the fastest, re-probes and follows a change;
+and no thread count changes a result, so switching between forwards is safe."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.runner import attention
+from specdec.runner.threads import ThreadTuner, size_class
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def drive(tuner: ThreadTuner, seconds_per_row: dict[int, float], forwards: int, rows: int = 1) -> list[int]:
+    chosen = []
+    for _ in range(forwards):
+        t = tuner.choose(rows)
+        tuner.record(rows, t, seconds_per_row[t] * rows)
+        chosen.append(t)
+    return chosen
+
+
+def test_measures_every_count_then_keeps_the_fastest(restore_threads):
+    tuner = ThreadTuner(2, probe_every=10)
+    chosen = drive(tuner, {1: 1.0, 2: 0.6}, 40)
+    assert chosen[:2] == [2, 1]  # the most threads first, then each other count once
+    assert chosen[2:].count(2) >= 36 and tuner.best(1) == 2
+    assert torch.get_num_threads() == chosen[-1]
+
+
+def test_follows_a_competing_process_and_back(restore_threads):
+    tuner = ThreadTuner(2, probe_every=5, alpha=0.5)
+    drive(tuner, {1: 1.0, 2: 0.6}, 20)
+    assert tuner.best(1) == 2
+    drive(tuner, {1: 1.0, 2: 2.5}, 40)  # another process took a core: one thread is now faster
+    assert tuner.best(1) == 1
+    drive(tuner, {1: 1.0, 2: 0.6}, 60)
+    assert tuner.best(1) == 2
+
+
+def test_size_classes_are_tuned_apart(restore_threads):
+    tuner = ThreadTuner(2, probe_every=10)
+    drive(tuner, {1: 1.0, 2: 2.0}, 20, rows=1)
+    drive(tuner, {1: 1.0, 2: 0.5}, 20, rows=5)
+    assert size_class(1) != size_class(5)
+    assert (tuner.best(1), tuner.best(5)) == (1, 2)
+
+
+@pytest.mark.parametrize("n, counts", [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6])])
+def test_candidate_counts(n, counts):
+    assert ThreadTuner(n).counts == counts
+
+
+@pytest.mark.parametrize("path", ["kernel", "mkl"])
+@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int4", "int4-a8"])
+def test_thread_count_never_changes_logits(tiny_qwen, precision, path, monkeypatch, restore_threads):
+    from specdec.core.outputs import ScheduledChunk, SchedulerOutput
+    from specdec.models.llama import LlamaModel
+    from specdec.models.loader import load_model
+    from specdec.runner.model_runner import ModelRunner
+    if path == "mkl":
+        if precision != "float32":
+            pytest.skip("the float32 path does not apply")
+        monkeypatch.setattr(attention, "USE_DENSE_KERNEL", False)
+    loaded = load_model(str(tiny_qwen), precision, progress=False)
+    runner = ModelRunner(LlamaModel(loaded.config, loaded.weights, 256, torch.device("cpu")), 64, 4,
+                         torch.device("cpu"))
+    tokens = torch.randint(0, 260, (29,), generator=torch.Generator().manual_seed(0)).tolist()
+    chunk = [ScheduledChunk("a", tokens, 0, list(range(8)), len(tokens))]
+    results = []
+    for threads in (1, 2, 1):
+        torch.set_num_threads(threads)
+        results.append(runner.execute(SchedulerOutput(chunks=chunk, num_batched_tokens=len(tokens))).logits)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
