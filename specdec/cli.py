@@ -74,6 +74,8 @@ def _add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     p.add_argument("--spec-policy", choices=SPEC_POLICIES, default="cost_model" if defaults else None)
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft model scores only N frequent tokens (cheaper steps; still lossless)")
+    p.add_argument("--draft-precision", choices=PRECISIONS, default=None,
+                   help="the draft model's precision (default: the target's; output is unchanged either way)")
     p.add_argument("--spec-deterministic", action="store_true",
                    help="cost model decides from acceptance counts alone (a seed then fixes the text)")
 
@@ -99,7 +101,7 @@ def speculative_config(a: argparse.Namespace):
     cfg = SpeculativeConfig(method=method, draft_model=draft,
                             num_speculative_tokens=4 if a.num_speculative_tokens is None else a.num_speculative_tokens,
                             policy=a.spec_policy or "cost_model", deterministic=a.spec_deterministic,
-                            draft_vocab_size=a.draft_vocab)
+                            draft_vocab_size=a.draft_vocab, draft_precision=a.draft_precision)
     what = f"draft model {draft}" if method == "draft_model" else "n-gram prompt lookup"
     print(f"speculation: {what}, k={cfg.num_speculative_tokens}, policy={cfg.policy}", file=sys.stderr)
     return cfg
@@ -203,7 +205,8 @@ def serve_configs(a: argparse.Namespace):
     elif spec is not None:
         spec = dataclasses.replace(spec, **({} if a.num_speculative_tokens is None else
                                             {"num_speculative_tokens": a.num_speculative_tokens}),
-                                   **({} if a.spec_policy is None else {"policy": a.spec_policy}))
+                                   **({} if a.spec_policy is None else {"policy": a.spec_policy}),
+                                   **({} if a.draft_precision is None else {"draft_precision": a.draft_precision}))
     if a.router or a.extra_draft:
         if spec is None:
             raise ValueError("--router / --extra-draft need speculation (drop --no-spec)")
@@ -356,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="precision mode: the modes compared with float32")
     _add_model_args(b)
     b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
+    b.add_argument("--draft-precision", choices=PRECISIONS, default=None,
+                   help="the draft arms' draft precision (default: the target's)")
     b.add_argument("--arms", default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram[,ngram_fixed]; "
                                                 "serve: plain,draft[,ngram]")
     b.add_argument("--sets", default="code_edit,code_gen,chat,prose,zh")

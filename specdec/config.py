@@ -103,8 +103,14 @@ class SpeculativeConfig:
     router_exploration: float = 0.2        # UCB bonus weight of the per-domain bandit
     draft_idle_seconds: float | None = 600.0  # unload a lazily loaded draft idle this long (None: never)
     draft_vocab_size: int | None = None    # draft models score only this many frequent tokens (None: all)
+    # draft models run in this precision (None: the target's). Losslessness never depends on the
+    # draft's numbers, so a fast int4-a8 draft can serve an exact float32 target.
+    draft_precision: str | None = None
 
     def __post_init__(self) -> None:
+        if self.draft_precision is not None and self.draft_precision not in PRECISIONS:
+            raise ValueError(f"draft_precision must be one of {PRECISIONS} (or null: the target's), "
+                             f"got {self.draft_precision!r}")
         if self.method not in SPEC_METHODS:
             raise ValueError(f"speculative method must be one of {SPEC_METHODS}, got {self.method!r}")
         if self.policy not in SPEC_POLICIES:
@@ -183,9 +189,10 @@ _EXECUTION_KEYS = {
     "long_prefill_token_threshold": ("scheduler", "long_prefill_token_threshold"),
     "max_queued_requests": ("scheduler", "max_queued_requests"),
     "draft_model": ("spec", "draft_model"),
+    "draft_precision": ("spec", "draft_precision"),
     "speculation_length": ("spec", "num_speculative_tokens"),
 }
-_SPEC_FIXED = {"method", "draft_model", "num_speculative_tokens"}  # set through execution_config
+_SPEC_FIXED = {"method", "draft_model", "num_speculative_tokens", "draft_precision"}  # set through execution_config
 
 
 def _take(section: dict[str, Any], allowed: set[str], where: str, path: str | Path) -> dict[str, Any]:

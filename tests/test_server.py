@@ -214,6 +214,12 @@ def test_yaml_config(tmp_path):
             load_yaml_config(bad)
     bad.write_text("execution_config:\n  draft_model: null\n")
     assert load_yaml_config(bad)[0].speculative is None
+    bad.write_text("execution_config:\n  precision: float32\n  draft_precision: int4-a8\n")
+    cfg = load_yaml_config(bad)[0]
+    assert cfg.model.precision == "float32" and cfg.speculative.draft_precision == "int4-a8"
+    bad.write_text("execution_config:\n  draft_precision: int3\n")
+    with pytest.raises(ValueError, match="draft_precision"):
+        load_yaml_config(bad)
 
 
 def test_cli_flags_override_the_config(tmp_path):
@@ -222,6 +228,8 @@ def test_cli_flags_override_the_config(tmp_path):
                                    "--max-batch-size", "3"])
     cfg, server = serve_configs(a)
     assert cfg.speculative.num_speculative_tokens == 2 and server.port == 9001 and cfg.scheduler.max_batch_size == 3
+    a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "--draft-precision", "int4-a8"])
+    assert serve_configs(a)[0].speculative.draft_precision == "int4-a8"
     a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "--spec", "ngram"])
     assert serve_configs(a)[0].speculative.method == "ngram"
     a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "--no-spec"])

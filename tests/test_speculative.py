@@ -312,6 +312,35 @@ def test_subvocab_draft_is_lossless_and_scores_only_its_tokens(tiny_qwen, tiny_l
     assert_all_free(llm)
 
 
+@pytest.mark.parametrize("target_precision, draft_precision", [("float32", "int4-a8"), ("int4", "float32"),
+                                                              ("float32", "bfloat16")])
+def test_a_draft_in_another_precision_is_lossless(tiny_qwen, tiny_llama, target_precision, draft_precision):
+    """The draft's numbers only change what gets accepted: a fast int4-a8 draft can serve a float32 target."""
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    ref = tokens(LLM(config=engine_config(str(tiny_qwen), precision=target_precision), progress=False), params)
+    cfg = engine_config(str(tiny_qwen), precision=target_precision)
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
+                                        policy="fixed", draft_precision=draft_precision)
+    llm = LLM(config=cfg, progress=False)
+    assert llm.engine.proposer.loaded.precision == draft_precision
+    assert llm.engine.loaded.precision == target_precision
+    out = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in out] == ref and all(o.stats.precision == target_precision for o in out)
+    assert sum(o.stats.drafted_tokens for o in out) > 0
+    controller = next(iter(llm.engine.controllers.values()))
+    assert controller.draft_costs.row_align == llm.engine.proposer.runner.model.row_align
+    assert_all_free(llm)
+
+
+def test_draft_precision_is_validated(tiny_qwen):
+    with pytest.raises(ValueError, match="draft_precision"):
+        SpeculativeConfig(draft_precision="fp8")
+    cfg = engine_config(str(tiny_qwen), precision="float32")
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model="self:skip=1-1", draft_precision="int4")
+    with pytest.raises(ValueError, match="self-speculation runs the target's own weights"):
+        LLM(config=cfg, progress=False)
+
+
 def test_draft_vocab_size_is_validated():
     with pytest.raises(ValueError, match="draft_vocab_size"):
         SpeculativeConfig(draft_vocab_size=10)

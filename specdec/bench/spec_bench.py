@@ -44,7 +44,8 @@ def _arm_llm(name: str, a, target, draft):
         method, policy = ARMS[name]
         spec = SpeculativeConfig(method=method, draft_model=draft.name if method == "draft_model" else None,
                                  num_speculative_tokens=a.k, policy=policy,
-                                 draft_vocab_size=SUBVOCAB_SIZE if "subvocab" in name else None)
+                                 draft_vocab_size=SUBVOCAB_SIZE if "subvocab" in name else None,
+                                 draft_precision=draft.precision if draft else None)
     cfg = EngineConfig(model=ModelConfig(model=target.name, precision=a.precision, device=a.device,
                                          num_threads=a.threads),
                        cache=CacheConfig(target_cache_blocks=512, draft_cache_blocks=512), speculative=spec)
@@ -70,7 +71,8 @@ def run_spec_bench(a) -> dict:
     needs_draft = any(ARMS[x] and ARMS[x][0] == "draft_model" for x in arms)
     if needs_draft and not draft_name:
         raise ValueError(f"{a.model} has no default draft: pass --draft or drop the draft arms")
-    draft = load_model(draft_name, a.precision, a.device) if needs_draft else None
+    draft_precision = getattr(a, "draft_precision", None) or a.precision
+    draft = load_model(draft_name, draft_precision, a.device) if needs_draft else None
     llms = {name: _arm_llm(name, a, target, draft) for name in arms}
     tok = target.tokenizer
     prompts = {s: [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
@@ -101,12 +103,14 @@ def run_spec_bench(a) -> dict:
     bar.close()
     summary = _summarize(runs, sets, arms)
     report = {"model": target.name, "draft": draft.name if draft else None, "precision": a.precision,
+              "draft_precision": draft.precision if draft else None,
               "device": a.device, "k": a.k, "max_tokens": a.max_tokens, "repeats": a.repeats,
               "num_prompts_per_set": a.num_prompts, "load_seconds": load_seconds,
               "noisy_runs": sum(r["noisy"] for r in runs), "summary": summary, "runs": runs}
     atomic_write_text(Path(a.out), json.dumps(report, indent=1))
     if a.plot:
-        plot(summary, sets, arms, Path(a.plot), f"{target.name} ({a.precision}), k={a.k}, {a.max_tokens} tokens")
+        drafted = f", draft {draft.precision}" if draft and draft.precision != a.precision else ""
+        plot(summary, sets, arms, Path(a.plot), f"{target.name} ({a.precision}{drafted}), k={a.k}, {a.max_tokens} tokens")
     _print_table(summary, sets, arms)
     print(f"{report['noisy_runs']} of {len(runs)} runs had competing processes (> 0.5 cores)", file=sys.stderr)
     print(f"wrote {a.out}" + (f" and {a.plot}" if a.plot else ""), file=sys.stderr)

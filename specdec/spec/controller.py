@@ -105,15 +105,16 @@ class RequestSpecState:
 
 class SpecController:
     def __init__(self, config: SpeculativeConfig, draft_cost_ratio: float | None = None,
-                 row_align: int = ROW_ALIGN) -> None:
+                 row_align: int = ROW_ALIGN, draft_row_align: int | None = None) -> None:
         """`draft_cost_ratio`: this proposer's static t_draft / t_target (n-gram lookup: ~0),
-        overriding the config's, which describes a draft model. `row_align`: the runner's row padding
-        (1 for int4, where every extra row costs)."""
+        overriding the config's, which describes a draft model. `row_align`: the target runner's row
+        padding (1 where every extra row costs); `draft_row_align`: the draft's (default the same)."""
         self.config = config
         self.draft_cost_ratio = config.draft_cost_ratio if draft_cost_ratio is None else draft_cost_ratio
         self.max_k = config.num_speculative_tokens
         self.states: dict[str, RequestSpecState] = {}
-        self.draft_costs = CostTable(config.ema_alpha, row_align)   # rows in the draft forward -> seconds per step
+        # rows in the draft forward -> seconds per step
+        self.draft_costs = CostTable(config.ema_alpha, row_align if draft_row_align is None else draft_row_align)
         self.verify_costs = CostTable(config.ema_alpha, row_align)  # rows in the target forward -> seconds
         self.global_hits = [0.0] * self.max_k
         self.global_trials = [0.0] * self.max_k

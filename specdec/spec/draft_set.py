@@ -201,8 +201,9 @@ class DraftSet:
         ratio = _NGRAM_COST_RATIO if proposer.method == NGRAM else None
         self.proposers[proposer_id] = proposer
         align = row_align(self.config.model.precision, self.config.model.device)
-        self.controllers[proposer_id] = SpecController(self.config.speculative, draft_cost_ratio=ratio,
-                                                       row_align=align)
+        runner = getattr(proposer, "runner", None)  # a draft model's own forward (maybe another precision)
+        self.controllers[proposer_id] = SpecController(self.config.speculative, draft_cost_ratio=ratio, row_align=align,
+                                                       draft_row_align=runner.model.row_align if runner else None)
         self.last_used[proposer_id] = time.monotonic()
 
     # ---- requests across drafts (engine thread) -------------------------------------------------

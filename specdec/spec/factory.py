@@ -33,12 +33,16 @@ def build_draft_proposer(config: EngineConfig, target: LoadedModel, draft_loaded
                          "pass draft_model=... or use method='ngram'")
     skip = None
     if is_self_draft(name):  # self-speculation: the target's own weights, some layers skipped
+        if spec.draft_precision not in (None, config.model.precision):
+            raise ValueError("self-speculation runs the target's own weights: draft_precision must be the "
+                             f"target's ({config.model.precision}) or unset")
         skip = parse_skip(name, target.config.num_layers)
         if skip is None:
             skip = resolve_auto(target, progress)
         name, draft = format_skip(skip), target
     else:
-        draft = draft_loaded or load_model(name, config.model.precision, config.model.device, progress)
+        precision = spec.draft_precision or config.model.precision
+        draft = draft_loaded or load_model(name, precision, config.model.device, progress)
     if progress:
         print(f"draft model {draft.name} loaded in {draft.load_seconds:.1f}s", file=sys.stderr)
     shared = check_same_vocabulary(target.tokenizer.token_strings, draft.tokenizer.token_strings,
