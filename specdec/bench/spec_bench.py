@@ -71,7 +71,7 @@ def run_spec_bench(a) -> dict:
     needs_draft = any(ARMS[x] and ARMS[x][0] == "draft_model" for x in arms)
     if needs_draft and not draft_name:
         raise ValueError(f"{a.model} has no default draft: pass --draft or drop the draft arms")
-    draft_precision = getattr(a, "draft_precision", None) or a.precision
+    draft_precision = a.draft_precision or a.precision
     draft = load_model(draft_name, draft_precision, a.device) if needs_draft else None
     llms = {name: _arm_llm(name, a, target, draft) for name in arms}
     tok = target.tokenizer

@@ -6,7 +6,7 @@ step) often runs faster on one thread, because a parallel call waits at its end 
 has descheduled; several rows still gain from two. So each runner keeps, per size class of forward,
 a moving average of seconds per row for each thread count, uses the best, and now and then tries
 the others, which follows a competing process as it comes and goes. Thread counts never change a
-result: every kernel reduces each output on one thread (tests/test_batch_invariance.py).
+result: every kernel reduces each output on one thread (tests/test_threads.py checks logits bitwise).
 """
 from __future__ import annotations
 
