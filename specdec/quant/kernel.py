@@ -1,7 +1,8 @@
 """The AVX2 linear kernels (`qlinear.cpp`: quantized weights, and dense float32 weights): built with
 the system C++ compiler on first use into $SPECDEC_HOME/kernels (keyed by the source's hash,
 written under a temporary name, then renamed), loaded with ctypes. Where it cannot be built (no
-compiler, no AVX2, not x86), `available()` says why: the pure-PyTorch path in `packed.py` runs instead, and float32 uses MKL in row blocks."""
+compiler, no AVX2, not x86), `available()` says why: the pure-PyTorch path in `packed.py` runs
+instead, and float32 uses MKL in row blocks."""
 from __future__ import annotations
 
 import ctypes
