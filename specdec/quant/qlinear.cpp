@@ -54,8 +54,8 @@ inline int chunk_size(int64_t n, int threads) {
 }
 
 // Runs tile(MT, j, r, codes, scale, offset) over every output feature j (in parallel) and its rows
-// in tiles of 8, then 4, then one at a time (a group's codes are decoded once per tile, so long tiles
-// serve prefill; MT arrives as std::integral_constant).
+// in tiles of 8, then the remaining 1-7 rows as one tile (a group's codes are decoded once per tile;
+// MT arrives as std::integral_constant).
 template <int BITS, int G, class Tile>
 void for_each_feature(int64_t n, int64_t rows, int64_t k, const void* codes, const float* scale,
                       const float* offset, int threads, Tile tile) {
@@ -67,8 +67,15 @@ void for_each_feature(int64_t n, int64_t rows, int64_t k, const void* codes, con
         const float* o = offset ? offset + j * groups : nullptr;
         int64_t r = 0;
         for (; r + 8 <= rows; r += 8) tile(std::integral_constant<int, 8>{}, j, r, c, s, o);
-        for (; r + 4 <= rows; r += 4) tile(std::integral_constant<int, 4>{}, j, r, c, s, o);
-        for (; r < rows; ++r) tile(std::integral_constant<int, 1>{}, j, r, c, s, o);
+        switch (rows - r) {  // the rest as one tile: k + 1 = 2..8 verification rows decode each group once
+            case 7: tile(std::integral_constant<int, 7>{}, j, r, c, s, o); break;
+            case 6: tile(std::integral_constant<int, 6>{}, j, r, c, s, o); break;
+            case 5: tile(std::integral_constant<int, 5>{}, j, r, c, s, o); break;
+            case 4: tile(std::integral_constant<int, 4>{}, j, r, c, s, o); break;
+            case 3: tile(std::integral_constant<int, 3>{}, j, r, c, s, o); break;
+            case 2: tile(std::integral_constant<int, 2>{}, j, r, c, s, o); break;
+            case 1: tile(std::integral_constant<int, 1>{}, j, r, c, s, o); break;
+        }
     }
 }
 
