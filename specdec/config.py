@@ -96,6 +96,7 @@ class SpeculativeConfig:
     draft_cost_ratio: float = 0.4          # static t_draft / t_target (deterministic mode, and the prior)
     verify_cost_slope: float = 0.05        # static extra cost of each scored token beyond one
     prefill_cost_ratio: float = 0.1        # static cost of one prompt token in a prefill, per target step
+    min_gain: float = 0.03                 # cost model: speculate only when it predicts >= this saving per token
     plain_interval_after: int | None = None  # long-output guard: after this many tokens ...
     plain_interval_steps: int = 0            # ... this many plain steps between speculation rounds
     extra_drafts: list[str] = field(default_factory=list)  # more draft models, loaded on first use
@@ -124,6 +125,8 @@ class SpeculativeConfig:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
         if not 0.0 <= self.acceptance_threshold <= 1.0:
             raise ValueError("acceptance_threshold must be in [0, 1]")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise ValueError("min_gain must be in [0, 1)")
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ValueError("ema_alpha must be in (0, 1]")
         if not 0.0 < self.acceptance_decay <= 1.0:

@@ -9,14 +9,20 @@ Policies (SpeculativeConfig.policy):
         E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} alpha_j,
     with alpha_j the request's acceptance at draft position j given position j was reached,
     t_draft the measured cost of one draft step and t_verify(n) the measured cost of a target forward
-    scoring n tokens per request at the current batch size. k = 0 (plain decoding) when no k beats S(0).
+    scoring n tokens per request at the current batch size. k = 0 (plain decoding) unless some k beats
+    S(0) by `min_gain` (a prediction within the noise of the measured costs is not worth a draft's
+    switching costs).
     alpha_j is a Beta-style estimate over discounted counts: (hits_j + m * prior_j) / (trials_j + m),
     the prior being the engine-wide acceptance at position j (or, before position j was ever reached,
     the request's own estimate at j - 1), so a new request starts from what this draft achieved so far
     and one lucky or unlucky step moves k by little.
     A draft that still has to catch up on many tokens (a draft model meeting a long prompt) first pays
     that prefill: the controller speculates only when the expected saving over the tokens the request
-    may still generate exceeds that one-time cost.
+    may still generate exceeds that one-time cost. While plain decoding looks better it still probes
+    now and then (acceptance changes with the text), but only while a probe could pay for itself: the
+    best case, every draft accepted, must save more over the remaining tokens than the probe's
+    catch-up prefill costs. Where even that cannot pay (a draft model nearly as slow as the target)
+    the request stays plain and costs what plain decoding costs.
     With `deterministic=True` the costs are static (draft_cost_ratio, verify_cost_slope,
     prefill_cost_ratio), so k depends on acceptance counts alone and a seed fixes the text, not only
     its distribution.
@@ -154,7 +160,8 @@ class SpecController:
             return 0
         if st.fallback:
             st.plain_steps += 1
-            if st.plain_steps >= cfg.reprobe_interval:
+            if st.plain_steps >= cfg.reprobe_interval and (
+                    cfg.policy != "cost_model" or self._probe_can_pay(batch_size, remaining, catch_up)):
                 st.plain_steps, st.probing = 0, True
                 self.num_reprobes += 1
                 return min(cfg.reprobe_k, self.max_k)
@@ -170,14 +177,28 @@ class SpecController:
         if k and remaining is not None and catch_up > self.max_k + 1:
             saving = remaining * (seconds_per_token[0] - seconds_per_token[k])
             if self._catch_up_cost(catch_up, batch_size) > saving:
-                return 0  # the draft's prefill would cost more than speculation can win back
-        if k == 0:  # keep learning: probe now and then even when plain looks better
+                k = 0  # the draft's prefill would cost more than speculation can win back
+        if k == 0:  # keep learning: probe now and then, while a probe could still pay for itself
             st.plain_steps += 1
             if st.plain_steps >= cfg.reprobe_interval:
                 st.plain_steps = 0
-                self.num_reprobes += 1
-                return min(cfg.reprobe_k, self.max_k)
+                if self._probe_can_pay(batch_size, remaining, catch_up):
+                    self.num_reprobes += 1
+                    return min(cfg.reprobe_k, self.max_k)
         return k
+
+    def _probe_can_pay(self, batch_size: int, remaining: int | None, catch_up: int) -> bool:
+        """Best case for a probe: every draft accepted from now on. That must clear `min_gain` (else the
+        costs alone keep k at 0, whatever the probe finds) and save more over the remaining tokens
+        than the draft's catch-up prefill costs (the draft must process every token it skipped)."""
+        plain = self._step_cost(0, batch_size)
+        best = min(self._step_cost(k, batch_size) / (k + 1) for k in range(1, self.max_k + 1))
+        if best >= plain * (1 - self.config.min_gain):
+            return False
+        if remaining is None:
+            return True
+        catch_up_cost = self._catch_up_cost(catch_up, batch_size) if catch_up > 1 else 0.0
+        return (plain - best) * remaining > catch_up_cost
 
     def _best_k(self, request_id: str, batch_size: int) -> tuple[int, list[float]]:
         """The k with the highest expected tokens per second, and seconds per token for every k."""
@@ -189,7 +210,7 @@ class SpecController:
                 reach *= a
                 expected += reach
             per_token.append(self._step_cost(k, batch_size) / expected)
-            if per_token[k] < per_token[best_k] * (1 - 1e-9):
+            if per_token[k] < min(per_token[best_k], per_token[0] * (1 - self.config.min_gain)) * (1 - 1e-9):
                 best_k = k
         return best_k, per_token
 
