@@ -383,6 +383,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--calls", type=int, default=10, help="threads: timed calls per cell and repeat")
     b.add_argument("--peer", choices=["none", "transformers"], default="none",
                    help="decode mode: also time transformers float32 on the same prompts, in the same run")
+    b.add_argument("--peers", default="",
+                   help="spec: other engines run interleaved with the arms on the same prompt ids and GGUF: "
+                        "transformers, transformers_assisted (float32; the test extra), llama.cpp, "
+                        "llama.cpp_lookup (prompt lookup); comma list, default none")
+    b.add_argument("--install-peers", action="store_true",
+                   help="spec: build llama-cpp-python from source into $SPECDEC_HOME/peers/llama-cpp "
+                        "if a llama.cpp peer is asked for and missing (about 9 minutes, once)")
     b.set_defaults(func=cmd_bench)
 
     from specdec.bench import profile_drafts

@@ -1,8 +1,9 @@
 """How much CPU other processes took while a benchmark run was timed.
 
 The load average counts the benchmark's own threads, so it flags every run of a busy benchmark.
-Busy CPU time from /proc/stat minus this process's own CPU time isolates the competition; on a
-2-core machine half a core taken by someone else already distorts the timings.
+Busy CPU time from /proc/stat minus this process's own CPU time (and that of helper processes the
+benchmark drives, such as a peer's worker) isolates the competition; on a 2-core machine half a core
+taken by someone else already distorts the timings.
 """
 from __future__ import annotations
 
@@ -22,11 +23,28 @@ def _busy_seconds() -> float | None:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def _process_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of a live process, 0 when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state is field 3
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 class Contention:
-    """Context manager: `.cores` = average cores used by other processes during the block."""
+    """Context manager: `.cores` = average cores used by other processes during the block.
+    `helper_pids`: processes working for this benchmark, counted as its own."""
+
+    def __init__(self, helper_pids: tuple[int, ...] = ()) -> None:
+        self.helper_pids = helper_pids
+
+    def _own_seconds(self) -> float:
+        return time.process_time() + sum(_process_seconds(p) for p in self.helper_pids)
 
     def __enter__(self) -> Contention:
-        self._busy, self._own, self._wall = _busy_seconds(), time.process_time(), time.perf_counter()
+        self._busy, self._own, self._wall = _busy_seconds(), self._own_seconds(), time.perf_counter()
         self.load_average = os.getloadavg()[0]
         self.cores: float | None = None
         return self
@@ -35,7 +53,7 @@ class Contention:
         busy = _busy_seconds()
         wall = time.perf_counter() - self._wall
         if busy is not None and self._busy is not None and wall > 0:
-            others = (busy - self._busy) - (time.process_time() - self._own)
+            others = (busy - self._busy) - (self._own_seconds() - self._own)
             self.cores = max(0.0, others / wall)
 
     @property

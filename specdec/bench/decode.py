@@ -2,7 +2,7 @@
 
 Reports tokens/s, time to first token, peak memory and load time as JSON. With --peer transformers,
 transformers' float32 runs the same prompts in the same process, interleaved per prompt, so the
-ratio is measured under the same machine conditions.
+ratio is measured under the same machine conditions (the peer itself: peers.py).
 """
 from __future__ import annotations
 
@@ -23,27 +23,6 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def _transformers_arm(model_path: Path, max_tokens: int):  # pragma: no cover - optional peer
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(model_path.parent, gguf_file=model_path.name,
-                                                 torch_dtype=torch.float32)
-    load = time.perf_counter() - t0
-
-    def run(prompt_ids: list[int]) -> dict:
-        ids = torch.tensor([prompt_ids])
-        t = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False, min_new_tokens=max_tokens)
-        secs = time.perf_counter() - t
-        n = out.shape[1] - ids.shape[1]
-        return {"generated_tokens": n, "seconds": secs, "tokens_per_second": n / secs}
-
-    return load, run
-
-
 def run_decode_bench(a) -> dict:
     from tqdm import tqdm
 
@@ -60,7 +39,9 @@ def run_decode_bench(a) -> dict:
     params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
     peer = None
     if a.peer == "transformers":
-        peer_load, peer = _transformers_arm(llm.engine.loaded.path, a.max_tokens)
+        from specdec.bench.peers import TransformersPeer, check_peers
+        check_peers(["transformers"], install=False)
+        peer = TransformersPeer("transformers", llm.engine.loaded.path, a.threads or os.cpu_count() or 1)
     rows = []
     bar = tqdm(total=len(inputs) * a.repeats, desc="bench", file=sys.stderr)
     for rep in range(a.repeats):
@@ -71,7 +52,7 @@ def run_decode_bench(a) -> dict:
                 "ttft_seconds": out.stats.ttft_seconds, "tokens_per_second": out.stats.tokens_per_second,
                 "decode_tokens_per_second": out.stats.decode_tokens_per_second}}
             if peer is not None:
-                row["transformers"] = peer(ids)
+                row["transformers"] = peer.generate(ids, a.max_tokens).stats()
             rows.append(row)
             bar.update(1)
     bar.close()
@@ -85,7 +66,7 @@ def run_decode_bench(a) -> dict:
         summary["transformers_tokens_per_second"] = median("transformers", "tokens_per_second")
         summary["speedup_vs_transformers"] = (summary["specdec_tokens_per_second"]
                                               / summary["transformers_tokens_per_second"])
-        summary["transformers_load_seconds"] = peer_load
+        summary["transformers_load_seconds"] = peer.load_seconds
     report = {
         "model": llm.engine.loaded.name, "precision": a.precision, "device": a.device,
         "prompts_file": a.prompts_file, "num_prompts": len(prompts), "max_tokens": a.max_tokens,

@@ -5,7 +5,9 @@ whole sweep repeats, so a noisy machine hits all arms alike. Reports per set and
 tokens/s with min-max, the median per-prompt speedup over plain, acceptance and mean accepted
 length; checks that greedy speculative output equals plain output; writes JSON and a PNG plot.
 Each run logs the load average and the cores other processes took meanwhile (flagged `noisy`
-above half a core).
+above half a core). Optional peers (transformers, llama.cpp: peers.py) run in the same loop on the
+same prompt ids and land in the same rows; the measured memory-bandwidth ceiling (bandwidth.py)
+goes into the JSON and onto the plot.
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from specdec.bench.bandwidth import ceiling, measure_read_bandwidth
 from specdec.bench.contention import Contention
+from specdec.bench.peers import check_peers, make_peers
 from specdec.cli import read_prompts_file
 from specdec.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from specdec.models.weight_cache import atomic_write_text
@@ -54,9 +58,7 @@ def _arm_llm(name: str, a, target, draft):
 
 
 def run_spec_bench(a) -> dict:
-    from tqdm import tqdm
-
-    from specdec.models.loader import load_model
+    from specdec.models.loader import load_model, resolve
     from specdec.spec.factory import default_draft
 
     arms = a.arms.split(",")
@@ -64,13 +66,15 @@ def run_spec_bench(a) -> dict:
     if unknown:
         raise ValueError(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
     sets = a.sets.split(",")
+    peer_names = [p for p in (a.peers or "").split(",") if p]
+    check_peers(peer_names, a.install_peers)  # before minutes of loading
     t0 = time.perf_counter()
     target = load_model(a.model, a.precision, a.device)
     load_seconds = time.perf_counter() - t0
     draft_name = a.draft or default_draft(target.name)
     needs_draft = any(ARMS[x] and ARMS[x][0] == "draft_model" for x in arms)
-    if needs_draft and not draft_name:
-        raise ValueError(f"{a.model} has no default draft: pass --draft or drop the draft arms")
+    if (needs_draft or "transformers_assisted" in peer_names) and not draft_name:
+        raise ValueError(f"{a.model} has no default draft: pass --draft or drop the draft arms and transformers_assisted")
     draft_precision = a.draft_precision or a.precision
     draft = load_model(draft_name, draft_precision, a.device) if needs_draft else None
     llms = {name: _arm_llm(name, a, target, draft) for name in arms}
@@ -78,43 +82,75 @@ def run_spec_bench(a) -> dict:
     prompts = {s: [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
                    for p in read_prompts_file(str(PROMPTS_DIR / f"{s}.jsonl"))[: a.num_prompts]] for s in sets}
     params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
-    runs = []
-    total = a.repeats * sum(len(v) for v in prompts.values()) * len(arms)
-    bar = tqdm(total=total, desc="bench", file=sys.stderr)
-    for rep in range(a.repeats):
-        for s in sets:
-            for i, ids in enumerate(prompts[s]):
-                outs = {}
-                for arm in arms:
-                    with Contention() as busy:
-                        out = llms[arm].generate([ids], params)[0]
-                    outs[arm] = out
-                    st = out.stats
-                    runs.append({"set": s, "prompt": i, "repeat": rep, "arm": arm, "load_average": busy.load_average,
-                                 "competing_cores": busy.cores, "noisy": busy.noisy, "tokens_per_second": st.tokens_per_second,
-                                 "generated_tokens": st.generated_tokens, "seconds": st.seconds,
-                                 "acceptance_rate": st.acceptance_rate,
-                                 "mean_accepted_length": st.mean_accepted_length,
-                                 "identical_to_plain": None})
-                    bar.update(1)
-                if "plain" in outs:
-                    for r in runs[-len(arms):]:
-                        r["identical_to_plain"] = outs[r["arm"]].token_ids == outs["plain"].token_ids
-    bar.close()
-    summary = _summarize(runs, sets, arms)
+    num_threads = a.threads or os.cpu_count() or 1  # what our arms may use: --threads, else every core
+    roof = ceiling(measure_read_bandwidth(num_threads=num_threads), target.weights, target.config.tie_embeddings,
+                   target.path)
+    n_ctx = max(len(ids) for v in prompts.values() for ids in v) + a.max_tokens + a.k + 64
+    draft_path = resolve(draft_name)[1] if "transformers_assisted" in peer_names else None
+    peers = make_peers(peer_names, target.path, draft_path, num_threads, n_ctx, a.k, a.install_peers)
+    names = arms + peer_names
+    try:
+        runs = _sweep(a, names, llms, peers, prompts, params)
+    finally:
+        for p in peers.values():
+            p.close()
+    summary = _summarize(runs, sets, names)
     report = {"model": target.name, "draft": draft.name if draft else None, "precision": a.precision,
               "draft_precision": draft.precision if draft else None,
               "device": a.device, "k": a.k, "max_tokens": a.max_tokens, "repeats": a.repeats,
-              "num_prompts_per_set": a.num_prompts, "load_seconds": load_seconds,
+              "num_prompts_per_set": a.num_prompts, "load_seconds": load_seconds, "threads": num_threads,
+              "peers": {n: {"load_seconds": p.load_seconds, "version": getattr(p, "version", None)}
+                        for n, p in peers.items()},
+              "bandwidth_gb_s": roof["bandwidth_gb_s"], "ceiling_tokens_per_second": roof["ceiling_tokens_per_second"],
+              "ceiling": roof,
               "noisy_runs": sum(r["noisy"] for r in runs), "summary": summary, "runs": runs}
     atomic_write_text(Path(a.out), json.dumps(report, indent=1))
     if a.plot:
         drafted = f", draft {draft.precision}" if draft and draft.precision != a.precision else ""
-        plot(summary, sets, arms, Path(a.plot), f"{target.name} ({a.precision}{drafted}), k={a.k}, {a.max_tokens} tokens")
-    _print_table(summary, sets, arms)
+        plot(summary, sets, names, Path(a.plot), f"{target.name} ({a.precision}{drafted}), k={a.k}, {a.max_tokens} tokens",
+             roof)
+    _print_table(summary, sets, names)
+    print(f"memory-bandwidth ceiling: {roof['bandwidth_gb_s']:.1f} GB/s read / "
+          f"{roof['weight_bytes_per_token'] / 1e6:.0f} MB per token = {roof['ceiling_tokens_per_second']:.1f} tok/s "
+          f"({roof['gguf_ceiling_tokens_per_second']:.1f} on the GGUF file's {roof['gguf_bytes'] / 1e6:.0f} MB)",
+          file=sys.stderr)
     print(f"{report['noisy_runs']} of {len(runs)} runs had competing processes (> 0.5 cores)", file=sys.stderr)
     print(f"wrote {a.out}" + (f" and {a.plot}" if a.plot else ""), file=sys.stderr)
     return report
+
+
+def _sweep(a, names: list[str], llms: dict, peers: dict, prompts: dict[str, list[list[int]]],
+           params: SamplingParams) -> list[dict]:
+    """Every repeat, set, prompt, then arm and peer in turn: one row each."""
+    from tqdm import tqdm
+    runs = []
+    bar = tqdm(total=a.repeats * sum(len(v) for v in prompts.values()) * len(names), desc="bench", file=sys.stderr)
+    for rep in range(a.repeats):
+        for s, set_prompts in prompts.items():
+            for i, ids in enumerate(set_prompts):
+                outs = {}
+                for arm in names:
+                    pid = getattr(peers.get(arm), "pid", None)  # a worker process: its CPU is ours
+                    with Contention(helper_pids=(pid,) if pid else ()) as busy:
+                        if arm in peers:
+                            st = peers[arm].generate(ids, a.max_tokens)
+                            outs[arm], accept, accepted_len = st.token_ids, None, None
+                        else:
+                            out = llms[arm].generate([ids], params)[0]
+                            st = out.stats
+                            outs[arm], accept, accepted_len = out.token_ids, st.acceptance_rate, st.mean_accepted_length
+                    runs.append({"set": s, "prompt": i, "repeat": rep, "arm": arm, "peer": arm in peers,
+                                 "load_average": busy.load_average,
+                                 "competing_cores": busy.cores, "noisy": busy.noisy, "tokens_per_second": st.tokens_per_second,
+                                 "generated_tokens": st.generated_tokens, "seconds": st.seconds,
+                                 "acceptance_rate": accept, "mean_accepted_length": accepted_len,
+                                 "identical_to_plain": None})
+                    bar.update(1)
+                if "plain" in outs:  # for peers informative only: llama.cpp rounds its own way
+                    for r in runs[-len(names):]:
+                        r["identical_to_plain"] = outs[r["arm"]] == outs["plain"]
+    bar.close()
+    return runs
 
 
 def _summarize(runs: list[dict], sets: list[str], arms: list[str]) -> dict:
@@ -132,13 +168,14 @@ def _summarize(runs: list[dict], sets: list[str], arms: list[str]) -> dict:
                 entry["identical_to_plain"] = all(r["identical_to_plain"] for r in rows)
             acc = [r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None]
             entry["acceptance_rate"] = statistics.mean(acc) if acc else None
-            entry["mean_accepted_length"] = statistics.mean(r["mean_accepted_length"] for r in rows)
+            lens = [r["mean_accepted_length"] for r in rows if r["mean_accepted_length"] is not None]
+            entry["mean_accepted_length"] = statistics.mean(lens) if lens else None  # None: a peer
             out.setdefault(s, {})[arm] = entry
     return out
 
 
 def _print_table(summary: dict, sets: list[str], arms: list[str]) -> None:
-    print(f"{'set':10} {'arm':18} {'tok/s med [min-max]':>24} {'speedup':>8} {'accept':>7} {'tok/fwd':>7} same",
+    print(f"{'set':10} {'arm':21} {'tok/s med [min-max]':>24} {'speedup':>8} {'accept':>7} {'tok/fwd':>7} same",
           file=sys.stderr)
     for s in sets:
         for arm in arms:
@@ -146,26 +183,34 @@ def _print_table(summary: dict, sets: list[str], arms: list[str]) -> None:
             t = e["tokens_per_second"]
             sp = e.get("speedup", {}).get("median", float("nan"))
             acc = "-" if e["acceptance_rate"] is None else f"{e['acceptance_rate']:.2f}"
-            print(f"{s:10} {arm:18} {t['median']:8.2f} [{t['min']:.2f}-{t['max']:.2f}]{'':4} {sp:8.2f} {acc:>7} "
-                  f"{e['mean_accepted_length']:7.2f} {e.get('identical_to_plain')}", file=sys.stderr)
+            tpf = "-" if e["mean_accepted_length"] is None else f"{e['mean_accepted_length']:.2f}"
+            print(f"{s:10} {arm:21} {t['median']:8.2f} [{t['min']:.2f}-{t['max']:.2f}]{'':4} {sp:8.2f} {acc:>7} "
+                  f"{tpf:>7} {e.get('identical_to_plain')}", file=sys.stderr)
 
 
-def plot(summary: dict, sets: list[str], arms: list[str], path: Path, title: str) -> None:
+def plot(summary: dict, sets: list[str], arms: list[str], path: Path, title: str, roof: dict | None = None) -> None:
+    """Bars per set and arm (peers included); `roof` (bandwidth.ceiling) adds the dashed ceiling line."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(sets)), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(sets)) + 2, 4))  # + the legend, outside the bars
     width = 0.8 / len(arms)
     for j, arm in enumerate(arms):
         med = [summary[s][arm]["tokens_per_second"]["median"] for s in sets]
         lo = [m - summary[s][arm]["tokens_per_second"]["min"] for s, m in zip(sets, med)]
         hi = [summary[s][arm]["tokens_per_second"]["max"] - m for s, m in zip(sets, med)]
         ax.bar([i + j * width for i in range(len(sets))], med, width, yerr=[lo, hi], capsize=3, label=arm)
+    if roof is not None:
+        top = roof["ceiling_tokens_per_second"]
+        ax.axhline(top, color="k", linestyle="--", linewidth=1)
+        ax.text(-width / 2, top * 1.015, f" memory-bandwidth ceiling {top:.1f} tok/s ({roof['bandwidth_gb_s']:.1f} GB/s / "
+                f"{roof['weight_bytes_per_token'] / 1e6:.0f} MB per token)", fontsize=8, va="bottom")
+        ax.set_ylim(top=max(ax.get_ylim()[1], top * 1.12))
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sets))], sets)
     ax.set_ylabel("tokens/s (median, min-max)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)

@@ -1,0 +1,62 @@
+"""The memory-bandwidth ceiling of batch-1 decoding.
+
+A plain decode step reads every weight its forward uses once, so no engine decodes faster than
+read bandwidth / bytes read per token (speculation can pass it: one read scores k+1 tokens). The
+bandwidth is measured, not looked up: the best of a few `sum()` passes over a large float32
+tensor, a pure read stream whose arithmetic is far below memory speed. KV-cache reads are left
+out (a few MB at bench lengths, against a GB of weights).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from specdec.quant.packed import QuantLinear, QuantTensor
+
+DEFAULT_BYTES = 512 * 2**20  # far above any last-level cache here, so the passes stream from DRAM
+
+
+def measure_read_bandwidth(num_bytes: int = DEFAULT_BYTES, passes: int = 5, num_threads: int | None = None) -> float:
+    """Read bandwidth in GB/s (1e9 bytes): the fastest of `passes` timed sums over `num_bytes` of
+    float32 (one untimed pass first touches the pages). `num_threads`: as the decode arms use."""
+    x = torch.ones(num_bytes // 4)
+    threads = torch.get_num_threads()
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    try:
+        x.sum()
+        best = float("inf")
+        for _ in range(passes):
+            t = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    return x.numel() * 4 / best / 1e9
+
+
+def _nbytes(w) -> int:
+    if isinstance(w, QuantLinear):
+        return sum(p.nbytes() if isinstance(p, QuantTensor) else p.numel() * p.element_size() for p in w.parts)
+    if isinstance(w, torch.Tensor):
+        return w.numel() * w.element_size()
+    raise TypeError(f"unknown weight type {type(w).__name__}")
+
+
+def weight_bytes_per_token(weights: dict, tie_embeddings: bool) -> int:
+    """Bytes one decode step reads: every weight as the engine holds it for its precision (int4:
+    packed codes + scales + offsets). A separate embedding table is left out (a lookup reads one
+    row); a tied one is the output layer and read in full."""
+    return sum(_nbytes(w) for name, w in weights.items() if tie_embeddings or name != "embed")
+
+
+def ceiling(bandwidth_gb_s: float, weights: dict, tie_embeddings: bool, gguf_path: Path) -> dict:
+    """The ceilings in tokens/s: on the weights as held, and on the GGUF file's size (what a
+    reader of the file's own quantized blocks, llama.cpp, streams; it counts both embedding tables)."""
+    held = weight_bytes_per_token(weights, tie_embeddings)
+    gguf = gguf_path.stat().st_size
+    return {"bandwidth_gb_s": bandwidth_gb_s, "weight_bytes_per_token": held,
+            "ceiling_tokens_per_second": bandwidth_gb_s * 1e9 / held, "gguf_bytes": gguf,
+            "gguf_ceiling_tokens_per_second": bandwidth_gb_s * 1e9 / gguf}

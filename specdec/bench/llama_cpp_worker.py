@@ -1,0 +1,65 @@
+"""llama.cpp worker for `specdec bench` peers; runs in the llama.cpp peer venv, imports nothing of specdec.
+
+Protocol, JSON Lines on stdin / stdout, one reply per request:
+  1st request  {"model_path", "n_ctx", "n_threads", "lookup": bool, "num_pred_tokens"}
+               -> {"load_seconds", "version"}
+  then         {"prompt_ids": [int], "max_tokens": int} -> {"token_ids": [int], "seconds": float}
+  any failure  -> {"error": "..."} (a failed load then exits). EOF on stdin ends the worker.
+Decoding is greedy (temp 0) with no penalties, and ignores EOS: `Llama.generate` yields tokens
+until the caller stops; `seconds` is the whole generate call, prefill included.
+"""
+import json
+import os
+import sys
+import time
+
+
+def load(req: dict):
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    draft = LlamaPromptLookupDecoding(num_pred_tokens=req["num_pred_tokens"]) if req["lookup"] else None
+    return Llama(model_path=req["model_path"], n_ctx=req["n_ctx"], n_threads=req["n_threads"],
+                 n_threads_batch=req["n_threads"], draft_model=draft, seed=0, verbose=False)
+
+
+def generate(llm, prompt_ids: list, max_tokens: int) -> dict:
+    ids = []
+    t = time.perf_counter()
+    # reset=True (the default) keeps the KV of the common prefix with the previous request only (our
+    # prefix cache keeps every prompt's), so a repeat of the same prompt may skip its prefill, as ours
+    for token in llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, temp=0.0,
+                              repeat_penalty=1.0):
+        ids.append(int(token))
+        if len(ids) >= max_tokens:
+            break
+    return {"token_ids": ids, "seconds": time.perf_counter() - t}
+
+
+def main() -> int:
+    # llama.cpp's C code may print to fd 1: keep the protocol on a private copy, send fd 1 to stderr
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    llm = None
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        try:
+            if llm is None:
+                import llama_cpp
+                t0 = time.perf_counter()
+                llm = load(req)
+                reply = {"load_seconds": time.perf_counter() - t0, "version": llama_cpp.__version__}
+            else:
+                reply = generate(llm, req["prompt_ids"], req["max_tokens"])
+        except Exception as e:  # noqa: BLE001 - report any failure, never hang the caller
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        out.write(json.dumps(reply) + "\n")
+        if llm is None:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
