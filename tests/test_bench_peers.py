@@ -26,9 +26,15 @@ class Llama:
         self.draft_model, self.n_threads = draft_model, n_threads
         print("stdout noise from Python")            # must not reach the protocol channel
         os.write(1, b"stdout noise from C\\n")
+        self.resets = self.runs = 0
+
+    def reset(self):                                  # the worker forgets the previous KV every time
+        self.resets += 1
 
     def generate(self, tokens, top_k, top_p, min_p, typical_p, temp, repeat_penalty):
         assert (top_k, temp, repeat_penalty) == (1, 0.0, 1.0), "greedy, no penalties"
+        self.runs += 1
+        assert self.resets == self.runs, "every run starts cold"
         i = 0
         while True:                                   # never stops by itself, like llama.cpp's
             yield (sum(tokens) + i) % 50

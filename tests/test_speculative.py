@@ -219,6 +219,20 @@ def test_draft_pool_prefix_cache_skips_the_second_prefill(plain, tiny_qwen, tiny
     assert_all_free(llm)
 
 
+def test_turning_prefix_caching_off_turns_off_the_drafts_cache_too(plain, tiny_qwen, tiny_llama):
+    cfg = engine_config(str(tiny_qwen))
+    cfg.cache.enable_prefix_caching = False
+    cfg.speculative = SpeculativeConfig(draft_model=str(tiny_llama), num_speculative_tokens=3, policy="fixed")
+    llm = LLM(config=cfg, progress=False)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    prompt = PROMPTS[3] * 3
+    first = llm.generate(prompt, params)[0].token_ids
+    req = llm.engine.add_request(prompt, params, request_id="again")
+    assert llm.engine.proposer.catch_up_tokens(req) == len(req.prompt_token_ids)  # nothing was kept
+    llm.engine.abort("again")
+    assert llm.generate(prompt, params)[0].token_ids == first == tokens(plain, params, [prompt])[0]
+
+
 def test_cost_model_prior_and_smoothing():
     c = SpecController(SpeculativeConfig(num_speculative_tokens=3, acceptance_threshold=0.0))
     for _ in range(10):

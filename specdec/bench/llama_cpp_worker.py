@@ -24,9 +24,8 @@ def load(req: dict):
 
 def generate(llm, prompt_ids: list, max_tokens: int) -> dict:
     ids = []
+    llm.reset()  # forget the previous request's KV: every run prefills its prompt, as ours do in the bench
     t = time.perf_counter()
-    # reset=True (the default) keeps the KV of the common prefix with the previous request only (our
-    # prefix cache keeps every prompt's), so a repeat of the same prompt may skip its prefill, as ours
     for token in llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, temp=0.0,
                               repeat_penalty=1.0):
         ids.append(int(token))

@@ -52,7 +52,9 @@ def _arm_llm(name: str, a, target, draft):
                                  draft_precision=draft.precision if draft else None)
     cfg = EngineConfig(model=ModelConfig(model=target.name, precision=a.precision, device=a.device,
                                          num_threads=a.threads),
-                       cache=CacheConfig(target_cache_blocks=512, draft_cache_blocks=512), speculative=spec)
+                       # no prefix cache: every run prefills its prompt, as every peer's run does
+                       cache=CacheConfig(target_cache_blocks=512, draft_cache_blocks=512, enable_prefix_caching=False),
+                       speculative=spec)
     return LLM(config=cfg, loaded=target, draft_loaded=draft if spec and spec.method == "draft_model" else None,
                progress=False)
 

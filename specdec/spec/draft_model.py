@@ -44,9 +44,10 @@ class DraftModelProposer:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: torch.device,
                  vocab_size: int, max_model_len: int, draft_vocab_size: int | None = None,
                  skip_layers: frozenset[int] | None = None, name: str | None = None,
-                 tuner: ThreadTuner | None = None) -> None:
+                 tuner: ThreadTuner | None = None, prefix_caching: bool = True) -> None:
         """`skip_layers`: self-speculation (`loaded` is the target; see spec/self_draft.py). `tuner`: the
-        draft forwards' own thread-count tuner (runner/threads.py)."""
+        draft forwards' own thread-count tuner (runner/threads.py). `prefix_caching`: the engine's
+        setting, so that turning it off turns off both pools' caches."""
         self.name = name or loaded.name
         self.loaded = loaded
         self.max_model_len = min(max_model_len, loaded.config.max_position)
@@ -55,7 +56,7 @@ class DraftModelProposer:
             from specdec.spec.subvocab import build_subvocab
             model.restrict_vocab(build_subvocab(loaded.tokenizer, vocab_size, draft_vocab_size))
         self.vocab_size = vocab_size
-        self.kv = KVCacheManager(num_blocks, block_size, enable_caching=True)
+        self.kv = KVCacheManager(num_blocks, block_size, enable_caching=prefix_caching)
         self.runner = ModelRunner(model, num_blocks, block_size, device, loaded.tokenizer.never_sample_ids,
                                   vocab_limit=vocab_size, tuner=tuner)
         self._generators: dict[str, torch.Generator] = {}

@@ -50,4 +50,4 @@ def build_draft_proposer(config: EngineConfig, target: LoadedModel, draft_loaded
     return DraftModelProposer(draft, config.cache.draft_cache_blocks, config.cache.block_size,
                               torch.device(config.model.device), shared, max_model_len, spec.draft_vocab_size,
                               skip_layers=skip, name=name if skip is not None else None,
-                              tuner=thread_tuner(config.model))
+                              tuner=thread_tuner(config.model), prefix_caching=config.cache.enable_prefix_caching)
