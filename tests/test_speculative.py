@@ -416,60 +416,48 @@ def test_cost_table_follows_the_runners_row_padding():
     assert c.verify_costs.row_align == 1 and c.draft_costs.row_align == 1
 
 
+def _measured(cfg, verify, draft, accepted, draft_cost_ratio=None):
+    """A cost-model controller with measured (rows, seconds) costs and 20 steps of 4 drafts, each
+    with `accepted` of them accepted."""
+    c = SpecController(cfg, draft_cost_ratio=draft_cost_ratio, row_align=1)
+    for rows, seconds in verify:
+        c.record_verify(rows, seconds)
+    for rows, seconds in draft:
+        c.record_draft(rows, seconds)
+    for _ in range(20):
+        c.observe("r", 4, accepted)
+    return c
+
+
 def test_cost_model_probes_only_while_a_probe_could_pay():
     """A draft nearly as slow as the target (int4 on a small CPU): even with every draft accepted,
     speculation would not clear min_gain, so no probes (each would make the draft catch up on the
     tokens it skipped, for nothing)."""
     cfg = SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, reprobe_interval=4)
-    c = SpecController(cfg, row_align=1)
-    for rows, seconds in ((1, 0.21), (2, 0.40), (3, 0.55), (4, 0.60), (5, 0.65), (17, 2.3), (64, 8.6)):
-        c.record_verify(rows, seconds)
-    for rows, seconds in ((1, 0.095), (17, 0.55), (57, 2.5)):
-        c.record_draft(rows, seconds)
-    for _ in range(20):
-        c.observe("r", 4, 4)                       # perfect acceptance: 5 tokens per 1.03 s vs 0.21 s each
+    # perfect acceptance: 5 tokens per 1.03 s against 0.21 s a token plain
+    c = _measured(cfg, ((1, 0.21), (2, 0.40), (3, 0.55), (4, 0.60), (5, 0.65), (17, 2.3), (64, 8.6)),
+                  ((1, 0.095), (17, 0.55), (57, 2.5)), accepted=4)
     assert [c.next_k("r", 10 + i, 1, remaining=1000, catch_up=2 + i) for i in range(40)] == [0] * 40
     assert c.num_reprobes == 0
     # a draft that would pay with perfect acceptance, but not enough tokens remain to repay its catch-up
-    slow = SpecController(cfg, row_align=1)
-    for rows, seconds in ((1, 0.21), (5, 0.45), (17, 2.3)):
-        slow.record_verify(rows, seconds)
-    slow.record_draft(1, 0.05)
-    slow.record_draft(17, 0.9)
-    for _ in range(20):
-        slow.observe("r", 4, 0)                    # nothing accepted: plain is better now
+    slow = _measured(cfg, ((1, 0.21), (5, 0.45), (17, 2.3)), ((1, 0.05), (17, 0.9)), accepted=0)
     ks = [slow.next_k("r", 10 + i, 1, remaining=5, catch_up=17) for i in range(8)]
     assert ks == [0] * 8 and slow.num_reprobes == 0
     assert 2 in [slow.next_k("r", 10 + i, 1, remaining=500, catch_up=17) for i in range(8)]
     # a model-free proposer (no catch-up, drafts for free) on the same target still probes
-    lookup = SpecController(cfg, draft_cost_ratio=0.0, row_align=1)
-    for rows, seconds in ((1, 0.21), (5, 0.65), (17, 2.3)):
-        lookup.record_verify(rows, seconds)
-    lookup.record_draft(1, 1e-5)
-    for _ in range(20):
-        lookup.observe("n", 4, 0)
-    assert 2 in [lookup.next_k("n", 10 + i, 1, remaining=100, catch_up=0) for i in range(8)]
+    lookup = _measured(cfg, ((1, 0.21), (5, 0.65), (17, 2.3)), ((1, 1e-5),), accepted=0, draft_cost_ratio=0.0)
+    assert 2 in [lookup.next_k("r", 10 + i, 1, remaining=100, catch_up=0) for i in range(8)]
     # and a draft that is cheap enough goes back to drafting
-    cheap = SpecController(cfg, row_align=1)
-    for rows, seconds in ((1, 0.21), (5, 0.30), (17, 0.9)):
-        cheap.record_verify(rows, seconds)
-    cheap.record_draft(1, 0.01)
-    cheap.record_draft(17, 0.1)
-    for _ in range(20):
-        cheap.observe("r", 4, 4)
+    cheap = _measured(cfg, ((1, 0.21), (5, 0.30), (17, 0.9)), ((1, 0.01), (17, 0.1)), accepted=4)
     assert cheap.next_k("r", 10, 1, remaining=100, catch_up=2) == 4
 
 
 def test_cost_model_needs_a_margin_to_speculate():
     """A predicted gain inside `min_gain` is noise in the measured costs: stay plain."""
     for min_gain, speculates in ((0.0, True), (0.03, False)):
-        c = SpecController(SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, min_gain=min_gain,
-                                             reprobe_interval=1000), row_align=1)
-        c.record_verify(1, 0.21)
-        c.record_verify(5, 0.65)
-        c.record_draft(1, 0.09)
-        for _ in range(20):
-            c.observe("r", 4, 4)
+        cfg = SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, min_gain=min_gain,
+                                reprobe_interval=1000)
+        c = _measured(cfg, ((1, 0.21), (5, 0.65)), ((1, 0.09),), accepted=4)
         # best k: 0.204 s a token against 0.21 s plain, a 2.9% gain
         assert (c.next_k("r", 10, 1, remaining=100) > 0) == speculates
     with pytest.raises(ValueError, match="min_gain"):
