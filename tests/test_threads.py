@@ -43,12 +43,15 @@ def test_follows_a_competing_process_and_back(restore_threads):
     assert tuner.best(1) == 2
 
 
-def test_size_classes_are_tuned_apart(restore_threads):
-    tuner = ThreadTuner(2, probe_every=10)
-    drive(tuner, {1: 1.0, 2: 2.0}, 20, rows=1)
-    drive(tuner, {1: 1.0, 2: 0.5}, 20, rows=5)
+def test_several_rows_always_take_every_core(restore_threads):
+    """One-row forwards are tuned; verification and prefill forwards never try fewer cores (one
+    thread on a long prefill would cost seconds), even while one thread wins at one row."""
+    tuner = ThreadTuner(4, probe_every=5)
+    drive(tuner, {1: 1.0, 2: 2.0, 4: 3.0}, 20, rows=1)
+    assert tuner.best(1) == 1
+    assert set(drive(tuner, {1: 0.1, 2: 0.1, 4: 1.0}, 30, rows=5)) == {4}
+    assert set(drive(tuner, {1: 0.1, 2: 0.1, 4: 1.0}, 30, rows=600)) == {4}
     assert size_class(1) != size_class(5)
-    assert (tuner.best(1), tuner.best(5)) == (1, 2)
 
 
 @pytest.mark.parametrize("n, counts", [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6])])

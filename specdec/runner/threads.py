@@ -3,10 +3,12 @@
 `specdec bench threads` found no single best count on a 2-core CPU: with the machine to itself every
 kernel is fastest on all cores, but once another process takes a core, a one-row forward (a decode
 step) often runs faster on one thread, because a parallel call waits at its end for a worker the OS
-has descheduled; several rows still gain from two. So each runner keeps, per size class of forward,
-a moving average of seconds per row for each thread count, uses the best, and now and then tries
-the others, which follows a competing process as it comes and goes. Thread counts never change a
-result: every kernel reduces each output on one thread (tests/test_threads.py checks logits bitwise).
+has descheduled; several rows still gain from two. So each runner keeps, for one-row forwards, a
+moving average of seconds for each thread count, uses the best, and now and then tries the others,
+which follows a competing process as it comes and goes. Forwards of several rows (verification,
+prefill) always take every core: they were faster on all cores in every measured condition, and
+trying one thread on a 600-token prefill would cost seconds. Thread counts never change a result:
+every kernel reduces each output on one thread (tests/test_threads.py checks logits bitwise).
 """
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ class ThreadTuner:
         n = self.forwards.get(c, 0)
         self.forwards[c] = n + 1
         unmeasured = [t for t in self.counts if (c, t) not in self.cost]
-        if unmeasured:
+        if c > 0:
+            threads = self.counts[-1]  # several rows: every core (see the module docstring)
+        elif unmeasured:
             threads = unmeasured[-1]  # the most threads first: the quiet machine's best
         else:
             threads = self.best(rows)
