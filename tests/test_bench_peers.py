@@ -69,7 +69,7 @@ def test_llama_cpp_worker_protocol(fake_llama_cpp, tiny_qwen):
     replies = [json.loads(line) for line in proc.stdout.splitlines()]  # the noise went to stderr
     assert replies[0]["version"] == "0.0-fake" and replies[0]["load_seconds"] >= 0
     assert replies[1]["token_ids"] == [6, 7, 8, 9, 10] and replies[2]["token_ids"] == [7, 8]
-    assert all(r["seconds"] > 0 for r in replies[1:])
+    assert all(0 < r["ttft_seconds"] <= r["seconds"] for r in replies[1:])
     assert "stdout noise from C" in proc.stderr
 
 
@@ -113,7 +113,7 @@ class FakeTransformersPeer:
     def generate(self, prompt_ids, max_tokens):
         from specdec.sampling_params import SamplingParams
         out = self.llm.generate([prompt_ids], SamplingParams(max_tokens=max_tokens, ignore_eos=True))[0]
-        return peers.PeerResult.of(out.token_ids, out.stats.seconds)
+        return peers.PeerResult.of(out.token_ids, out.stats.seconds, out.stats.ttft_seconds)
 
     def close(self):
         self.llm = None
@@ -137,10 +137,13 @@ def test_spec_bench_with_peers(fake_llama_cpp, tiny_qwen, tmp_path, monkeypatch,
         assert e["transformers"]["identical_to_plain"] is True   # float32 on both sides
         assert e["llama.cpp"]["identical_to_plain"] is False     # the fake's made-up tokens
         for p in ("transformers", "llama.cpp"):
-            assert e[p]["speedup"]["min"] <= e[p]["speedup"]["median"] <= e[p]["speedup"]["max"]
+            for key in ("speedup", "decode_speedup"):
+                assert e[p][key]["min"] <= e[p][key]["median"] <= e[p][key]["max"]
             assert e[p]["acceptance_rate"] is None and e[p]["mean_accepted_length"] is None
     rows = [r for r in report["runs"] if r["peer"]]
     assert len(rows) == 8 and all(r["generated_tokens"] == 6 and r["tokens_per_second"] > 0 for r in rows)
+    # decode only: 5 tokens after the first, over the time after it
+    assert all(r["decode_tokens_per_second"] == pytest.approx(5 / (r["seconds"] - r["ttft_seconds"])) for r in rows)
     held = report["ceiling"]["weight_bytes_per_token"]
     assert report["bandwidth_gb_s"] == 10.0 and report["ceiling_tokens_per_second"] == pytest.approx(10e9 / held)
     err = capsys.readouterr().err

@@ -104,7 +104,7 @@ class LlamaCppPeer:
 
     def generate(self, prompt_ids: list[int], max_tokens: int) -> PeerResult:
         r = self._call({"prompt_ids": prompt_ids, "max_tokens": max_tokens})
-        return PeerResult.of(r["token_ids"], r["seconds"])
+        return PeerResult.of(r["token_ids"], r["seconds"], r["ttft_seconds"])
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -3,7 +3,8 @@
 Protocol, JSON Lines on stdin / stdout, one reply per request:
   1st request  {"model_path", "n_ctx", "n_threads", "lookup": bool, "num_pred_tokens"}
                -> {"load_seconds", "version"}
-  then         {"prompt_ids": [int], "max_tokens": int} -> {"token_ids": [int], "seconds": float}
+  then         {"prompt_ids": [int], "max_tokens": int}
+               -> {"token_ids": [int], "seconds": float, "ttft_seconds": float}
   any failure  -> {"error": "..."} (a failed load then exits). EOF on stdin ends the worker.
 Decoding is greedy (temp 0) with no penalties, and ignores EOS: `Llama.generate` yields tokens
 until the caller stops; `seconds` is the whole generate call, prefill included.
@@ -26,12 +27,15 @@ def generate(llm, prompt_ids: list, max_tokens: int) -> dict:
     ids = []
     llm.reset()  # forget the previous request's KV: every run prefills its prompt, as ours do in the bench
     t = time.perf_counter()
+    first = None
     for token in llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, temp=0.0,
                               repeat_penalty=1.0):
         ids.append(int(token))
+        first = first or time.perf_counter()
         if len(ids) >= max_tokens:
             break
-    return {"token_ids": ids, "seconds": time.perf_counter() - t}
+    end = time.perf_counter()
+    return {"token_ids": ids, "seconds": end - t, "ttft_seconds": (first or end) - t}
 
 
 def main() -> int:

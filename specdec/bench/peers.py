@@ -28,15 +28,20 @@ class PeerResult:
     seconds: float              # the whole generate call, prefill included
     generated_tokens: int
     tokens_per_second: float    # generated_tokens / seconds, as specdec's stats
+    ttft_seconds: float         # call to first token (the prefill)
+    decode_tokens_per_second: float  # (generated - 1) / (seconds - ttft), as specdec's stats
 
     @classmethod
-    def of(cls, token_ids: list[int], seconds: float) -> PeerResult:
+    def of(cls, token_ids: list[int], seconds: float, ttft_seconds: float) -> PeerResult:
         n = len(token_ids)
-        return cls(list(token_ids), seconds, n, n / max(seconds, 1e-9))
+        decode = seconds - ttft_seconds
+        return cls(list(token_ids), seconds, n, n / max(seconds, 1e-9), ttft_seconds,
+                   (n - 1) / decode if n > 1 and decode > 0 else 0.0)
 
     def stats(self) -> dict:
         return {"generated_tokens": self.generated_tokens, "seconds": self.seconds,
-                "tokens_per_second": self.tokens_per_second}
+                "ttft_seconds": self.ttft_seconds, "tokens_per_second": self.tokens_per_second,
+                "decode_tokens_per_second": self.decode_tokens_per_second}
 
 
 class Peer(Protocol):
@@ -95,6 +100,22 @@ def _load_transformers(path: Path):  # pragma: no cover - needs a real GGUF that
     return model.eval()
 
 
+class _FirstToken:  # pragma: no cover - used with a real model
+    """A transformers streamer that only notes when the first generated token arrives (its first
+    `put` is the prompt)."""
+
+    def __init__(self) -> None:
+        self.puts, self.at = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
 class TransformersPeer:
     """transformers float32 from the GGUF file (dequantized on load), greedy; with a draft model,
     its assisted generation (speculative decoding with its own candidate-length heuristic)."""
@@ -115,17 +136,18 @@ class TransformersPeer:
         pad = eos[0] if isinstance(eos, list) else eos  # silences the "setting pad_token_id" warning
         threads = torch.get_num_threads()
         torch.set_num_threads(self.num_threads)  # our engine may have left another count behind
+        first = _FirstToken()
         try:
             t = time.perf_counter()
             with torch.inference_mode():
                 # min_new_tokens masks EOS until max_tokens, like our ignore_eos
                 out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                                           min_new_tokens=max_tokens, do_sample=False,
-                                          pad_token_id=pad, **extra)
+                                          pad_token_id=pad, streamer=first, **extra)
             secs = time.perf_counter() - t
         finally:
             torch.set_num_threads(threads)
-        return PeerResult.of(out[0, ids.shape[1]:].tolist(), secs)
+        return PeerResult.of(out[0, ids.shape[1]:].tolist(), secs, (first.at or t + secs) - t)
 
     def close(self) -> None:
         self.model = self.draft = None

@@ -144,7 +144,9 @@ def _sweep(a, names: list[str], llms: dict, peers: dict, prompts: dict[str, list
                     runs.append({"set": s, "prompt": i, "repeat": rep, "arm": arm, "peer": arm in peers,
                                  "load_average": busy.load_average,
                                  "competing_cores": busy.cores, "noisy": busy.noisy, "tokens_per_second": st.tokens_per_second,
+                                 "decode_tokens_per_second": st.decode_tokens_per_second,
                                  "generated_tokens": st.generated_tokens, "seconds": st.seconds,
+                                 "ttft_seconds": st.ttft_seconds,
                                  "acceptance_rate": accept, "mean_accepted_length": accepted_len,
                                  "identical_to_plain": None})
                     bar.update(1)
@@ -160,13 +162,15 @@ def _summarize(runs: list[dict], sets: list[str], arms: list[str]) -> dict:
     for s in sets:
         for arm in arms:
             rows = [r for r in runs if r["set"] == s and r["arm"] == arm]
-            tps = [r["tokens_per_second"] for r in rows]
-            entry = {"tokens_per_second": {"median": statistics.median(tps), "min": min(tps), "max": max(tps)}}
+            entry = {}
+            # whole request (prefill included), and decode only (after the first token): a long prompt
+            # (code_edit) is mostly prefill, which speculation cannot speed up
+            for rate, speedup in (("tokens_per_second", "speedup"), ("decode_tokens_per_second", "decode_speedup")):
+                entry[rate] = _spread([r[rate] for r in rows])
+                if "plain" in arms:
+                    plain = {(r["prompt"], r["repeat"]): r[rate] for r in runs if r["set"] == s and r["arm"] == "plain"}
+                    entry[speedup] = _spread([r[rate] / plain[(r["prompt"], r["repeat"])] for r in rows])
             if "plain" in arms:
-                plain = {(r["prompt"], r["repeat"]): r["tokens_per_second"] for r in runs
-                         if r["set"] == s and r["arm"] == "plain"}
-                ratios = [r["tokens_per_second"] / plain[(r["prompt"], r["repeat"])] for r in rows]
-                entry["speedup"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
                 entry["identical_to_plain"] = all(r["identical_to_plain"] for r in rows)
             acc = [r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None]
             entry["acceptance_rate"] = statistics.mean(acc) if acc else None
@@ -176,17 +180,23 @@ def _summarize(runs: list[dict], sets: list[str], arms: list[str]) -> dict:
     return out
 
 
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def _print_table(summary: dict, sets: list[str], arms: list[str]) -> None:
-    print(f"{'set':10} {'arm':21} {'tok/s med [min-max]':>24} {'speedup':>8} {'accept':>7} {'tok/fwd':>7} same",
-          file=sys.stderr)
+    print(f"{'set':10} {'arm':21} {'tok/s med [min-max]':>24} {'speedup':>8} {'decode tok/s':>13} {'speedup':>8} "
+          f"{'accept':>7} {'tok/fwd':>7} same", file=sys.stderr)
     for s in sets:
         for arm in arms:
             e = summary[s][arm]
             t = e["tokens_per_second"]
             sp = e.get("speedup", {}).get("median", float("nan"))
+            dsp = e.get("decode_speedup", {}).get("median", float("nan"))
             acc = "-" if e["acceptance_rate"] is None else f"{e['acceptance_rate']:.2f}"
             tpf = "-" if e["mean_accepted_length"] is None else f"{e['mean_accepted_length']:.2f}"
-            print(f"{s:10} {arm:21} {t['median']:8.2f} [{t['min']:.2f}-{t['max']:.2f}]{'':4} {sp:8.2f} {acc:>7} "
+            print(f"{s:10} {arm:21} {t['median']:8.2f} [{t['min']:.2f}-{t['max']:.2f}]{'':4} {sp:8.2f} "
+                  f"{e['decode_tokens_per_second']['median']:13.2f} {dsp:8.2f} {acc:>7} "
                   f"{tpf:>7} {e.get('identical_to_plain')}", file=sys.stderr)
 
 
