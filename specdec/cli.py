@@ -137,9 +137,13 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if a.chat:
         inputs = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]),
                                        add_special_tokens=False) for p in prompts]
+    plain = None
+    if a.compare_plain and llm.engine.proposer is not None:
+        plain = _make_llm(a, None, loaded=llm.engine.loaded)
+        _warm_up([llm, plain], inputs[0])
     outputs = llm.generate(inputs, params, batch=a.batch)
-    if a.compare_plain:
-        _compare_with_plain(a, llm, inputs, params, outputs)
+    if plain is not None:
+        _compare_with_plain(a, plain, inputs, params, outputs)
     for prompt, out in zip(prompts, outputs):
         stats = dataclasses.asdict(out.stats)
         if a.json:
@@ -154,11 +158,17 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
-def _compare_with_plain(a, llm, inputs, params, outputs) -> None:
+def _warm_up(llms: list, prompt) -> None:
+    """A few throwaway tokens on each engine from the prompt's first token (a one-token prompt fills
+    no prefix-cache block): the first forwards of a process page the weights in, start the thread
+    pool and make the thread tuner's first tries, which belong to neither side of the comparison."""
+    from specdec.sampling_params import SamplingParams
+    for llm in llms:
+        llm.generate([prompt[:1]], SamplingParams(max_tokens=4, ignore_eos=True))
+
+
+def _compare_with_plain(a, plain, inputs, params, outputs) -> None:
     """Run the same prompts with plain decoding on the same weights and print the speedup."""
-    if llm.engine.proposer is None:
-        return
-    plain = _make_llm(a, None, loaded=llm.engine.loaded)
     ref = plain.generate(inputs, params, batch=a.batch)
     for out, base in zip(outputs, ref):
         s, b = out.stats, base.stats

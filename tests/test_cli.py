@@ -59,6 +59,22 @@ def test_generate_plain_text_and_chat(capsys, tiny_qwen):
     assert code == 0 and "tokens/s" in err and "finish=" in err
 
 
+def test_compare_plain_warms_both_engines_up_first(capsys, tiny_qwen, monkeypatch):
+    """--compare-plain times speculation and plain decoding after the same warm-up on each engine, so
+    neither side pays the process's first forwards; the warm-up's one-token prompt caches nothing."""
+    from specdec.llm import LLM
+    calls = []
+    real = LLM.generate
+    monkeypatch.setattr(LLM, "generate", lambda self, prompts, params=None, batch=True: (
+        calls.append((self.engine.proposer is not None, len(prompts[0]), params.max_tokens)),
+        real(self, prompts, params, batch))[1])
+    code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--spec", "ngram", "--chat", "--max-tokens", 6,
+                         "--compare-plain", "hi")
+    assert code == 0 and "speedup" in err and "identical to plain" in err
+    prompt_len = calls[2][1]
+    assert calls == [(True, 1, 4), (False, 1, 4), (True, prompt_len, 6), (False, prompt_len, 6)]
+
+
 @pytest.mark.parametrize("args,match", [
     (["--temperature", "-1", "x"], "temperature"),
     (["--top-p", "0", "x"], "top_p"),
