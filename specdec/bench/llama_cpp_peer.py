@@ -17,6 +17,7 @@ from typing import TextIO
 
 from specdec.bench.peers import PeerError, PeerResult
 from specdec.config import specdec_home
+from specdec.models.weight_cache import atomic_write_text
 
 VERSION = "0.3.36"
 WORKER = Path(__file__).with_name("llama_cpp_worker.py")
@@ -59,8 +60,8 @@ def install(log: TextIO = sys.stderr) -> None:
            f"llama-cpp-python=={VERSION}"], "pip install", log, env)
     _step([str(venv_python()), "-c", "import llama_cpp, llama_cpp.llama_speculative; print(llama_cpp.__version__)"],
           "the import check", log)
-    _marker().write_text(json.dumps({"version": VERSION, "cmake_args": CMAKE_ARGS,
-                                     "build_seconds": time.perf_counter() - t0}))
+    atomic_write_text(_marker(), json.dumps({"version": VERSION, "cmake_args": CMAKE_ARGS,
+                                             "build_seconds": time.perf_counter() - t0}))
     print(f"llama.cpp peer: installed in {time.perf_counter() - t0:.0f}s", file=log, flush=True)
 
 
