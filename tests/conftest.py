@@ -57,3 +57,10 @@ def smollm_loaded():
 def qwen15_loaded():
     from specdec.models.loader import load_model
     return load_model("qwen2.5-coder-1.5b-instruct", progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_kquant(tiny_dir) -> Path:
+    """Q4_K and Q6_K matrices, as in the real Qwen files (the int4-a8 kernel's super-block path)."""
+    return write_tiny_gguf(tiny_dir / "tiny-kquant.gguf", arch="qwen2", seed=2, hidden=256, intermediate=512,
+                           kquants=True)

@@ -77,8 +77,9 @@ def test_quantized_linear_matches_float64_and_is_batch_invariant(name, path, act
     qt = LAYERS[name]
     lin = QuantLinear([qt], act8)
     x = torch.randn(11, COLS, generator=torch.Generator().manual_seed(1))
-    # int4-a8 rounds x to int8 per 32 values (offsets see the unrounded sums); int4 uses x as it is
-    xr = packed.quantize_act8(x) if act8 else x
+    # int4-a8 rounds x to int8 per 32 values, per 256 on K-quant super-blocks (offsets see the unrounded
+    # sums); int4 uses x as it is
+    xr = packed.quantize_act8(x, qt.act8_block) if act8 else x
     ref = xr.double() @ qt.dequantize().double().t()
     if act8 and qt.offset is not None:
         xs = lambda v: v.double().view(11, -1, qt.group).sum(-1)  # noqa: E731
@@ -116,16 +117,20 @@ def test_kernel_refuses_an_unsupported_layout():
         kernel.qlinear(torch.randn(1, COLS), 8, 64, qt.codes, qt.scale, None, torch.empty(1, ROWS))
 
 
-def test_int4_model_logits_close_to_float32(tiny_qwen):
-    """Report-style check: int4 keeps the file's weights, so only the summation order differs."""
+@pytest.mark.parametrize("target", ["tiny_qwen", "tiny_kquant"])
+def test_int4_model_logits_close_to_float32(target, request):
+    """Report-style check: int4 keeps the file's weights, so only the summation order differs; int4-a8
+    also rounds activations to int8 (per 256 values on the K-quant model's super-blocks)."""
     from specdec.models.loader import load_model
     from specdec.models.llama import LlamaModel
     from specdec.runner.attention import AttentionMetadata, SeqAttention
     ids = torch.tensor([5, 17, 99, 3, 250, 41, 7])
-    out = {}
-    for precision in ("float32", "int4"):
-        loaded = load_model(str(tiny_qwen), precision, progress=False)
+    out, supers = {}, {}
+    for precision in ("float32", "int4", "int4-a8"):
+        loaded = load_model(str(request.getfixturevalue(target)), precision, progress=False)
         assert loaded.precision == precision
+        supers[precision] = sum(sub is not None for w in loaded.weights.values() if isinstance(w, QuantLinear)
+                                for sub in w._sub)
         model = LlamaModel(loaded.config, loaded.weights, 64, torch.device("cpu"))
         cfg, n = loaded.config, model.row_align * -(-len(ids) // model.row_align)
         caches = [(torch.zeros(64, cfg.num_kv_heads, cfg.head_dim), torch.zeros(64, cfg.num_kv_heads, cfg.head_dim))
@@ -135,18 +140,64 @@ def test_int4_model_logits_close_to_float32(tiny_qwen):
         hidden = model.forward(torch.cat([ids, ids.new_zeros(pad)]), torch.arange(n), meta, caches)
         out[precision] = model.compute_logits(hidden)[: len(ids)]
     assert model.packed and model.row_align == 1
+    scale = out["float32"].abs().max().item()
     err = (out["int4"] - out["float32"]).abs().max().item()
-    assert 0 < err < 1e-3 * out["float32"].abs().max().item()  # same weights, different summation order
+    assert 0 < err < 1e-3 * scale  # same weights, different summation order
+    err8 = (out["int4-a8"] - out["float32"]).abs().max().item()
+    assert err < err8 < 0.1 * scale
+    assert supers["int4"] == 0 and (supers["int4-a8"] > 0) == (target == "tiny_kquant")
+
+
+def test_k_quant_scales_are_integers_times_one_scale_per_super_block():
+    """int4-a8 sums a whole Q4_K / Q6_K super-block in integers: each group's scale must be exactly
+    super_scale times a small integer (the block's own sub-scale)."""
+    for name, block in (("Q4_K", 256), ("Q6_K", 256), ("Q5_K", 32), ("Q4_0", 32), ("Q8_0", 32)):
+        qt = LAYERS[name]
+        assert qt.act8_block == block, name
+        if qt.super_scale is None:
+            continue
+        sub = qt.sub_scales()
+        assert sub.dtype == torch.int16 and sub.abs().max() <= 128
+        d = qt.super_scale.repeat_interleave(256 // qt.group, dim=1)
+        assert torch.equal(sub.float() * d, qt.scale)
+    bad = LAYERS["Q4_K"]
+    bad = QuantTensor(bad.bits, bad.group, bad.codes, bad.scale * 1.001, bad.offset, bad.cols, bad.super_scale)
+    with pytest.raises(ValueError, match="integer multiples"):
+        QuantLinear([bad], act8=True)
+    QuantLinear([bad], act8=False)  # weight-only int4 never needs the integer scales
+
+
+def test_an_older_packed_cache_is_packed_again(tiny_kquant, tmp_path, monkeypatch):
+    """A cache written before super_scale existed would silently lose int4-a8's super-block path."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from specdec.models.loader import load_model
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    first = load_model(str(tiny_kquant), "int4-a8", progress=False)
+    path = next((tmp_path / "home" / "cache" / first.sha256).glob("weights-int4.safetensors"))
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    old = {k: v for k, v in load_file(str(path)).items() if not k.endswith("super_scale")}
+    save_file(old, str(path), metadata={k: v for k, v in meta.items() if k != "format"})
+    again = load_model(str(tiny_kquant), "int4-a8", progress=False)
+    assert not again.cache_hit
+    with safe_open(str(path), framework="pt") as f:
+        assert f.metadata()["format"] == meta["format"]
+        assert any(k.endswith("super_scale") for k in f.keys())
+    assert load_model(str(tiny_kquant), "int4-a8", progress=False).cache_hit
 
 
 @pytest.mark.parametrize("precision", ["int4", "int4-a8"])
 @pytest.mark.parametrize("method,draft", [("ngram", None), ("draft_model", "tiny_llama")])
-def test_int4_speculative_equals_plain_greedy(tiny_qwen, request, method, draft, precision):
+@pytest.mark.parametrize("target", ["tiny_qwen", "tiny_kquant"])
+def test_int4_speculative_equals_plain_greedy(target, request, method, draft, precision):
+    model = str(request.getfixturevalue(target))
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     prompts = ["hello there", "the cat sat on the mat and then the cat sat on the mat", "a"]
-    plain = LLM(config=engine_config(str(tiny_qwen), precision=precision), progress=False)
+    plain = LLM(config=engine_config(model, precision=precision), progress=False)
     ref = [o.token_ids for o in plain.generate(prompts, params)]
-    cfg = engine_config(str(tiny_qwen), precision=precision)
+    cfg = engine_config(model, precision=precision)
     cfg.speculative = SpeculativeConfig(method=method, num_speculative_tokens=3, policy="fixed",
                                         draft_model=str(request.getfixturevalue(draft)) if draft else None)
     spec = LLM(config=cfg, progress=False)

@@ -25,11 +25,28 @@ def _byte_tokens() -> list[str]:
     return [chr(table[b]) for b in range(256)]
 
 
+def _random_k_blocks(qtype, shape: tuple[int, int], scale: float, rng: np.random.Generator) -> np.ndarray:
+    """Q4_K / Q6_K bytes with random codes and sub-block scales, the super-block scales set so that
+    weights come out near `scale` in size (gguf-py cannot quantize K-quants itself)."""
+    Q = gguf.GGMLQuantizationType
+    per_block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (shape[0] * shape[1] // per_block, nbytes), dtype=np.uint8)
+    f16 = lambda s, n: (rng.uniform(0.5, 1.5, (raw.shape[0], n)) * s).astype(np.float16).view(np.uint8)  # noqa: E731
+    if qtype == Q.Q6_K:  # w = d * sc * q: sc * q has a spread of about 1400
+        raw[:, 208:210] = f16(scale / 1400, 1)
+    else:  # Q4_K: w = d * sc * q - dmin * m (sc, m < 64, q < 16); dmin = 7.5 d centres them, spread ~256 d
+        raw[:, 0:2] = f16(scale / 256, 1)
+        raw[:, 2:4] = f16(7.5 * scale / 256, 1)
+    return raw.reshape(shape[0], -1)
+
+
 def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: int = 2, hidden: int = 64,
                     num_heads: int = 4, num_kv_heads: int = 2, intermediate: int = 128, context: int = 512,
-                    quantized: bool = True, unsupported_tensor: str | None = None) -> Path:
+                    quantized: bool = True, unsupported_tensor: str | None = None, kquants: bool = False) -> Path:
     """A random model of the given architecture with a byte-level BPE vocabulary (256 bytes, a few
-    merges, 3 control tokens, 2 unused rows). Weights are scaled so logits are well spread."""
+    merges, 3 control tokens, 2 unused rows). Weights are scaled so logits are well spread.
+    kquants: matrices whose rows are whole 256-value super-blocks are Q4_K and Q6_K in turn (as in the
+    real Qwen files); needs hidden and intermediate multiples of 256."""
     rng = np.random.default_rng(seed)
     tokens = _byte_tokens()
     merges = ["Ġ t", "Ġ a", "h e", "i n", "Ġt he"]
@@ -65,6 +82,8 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
     head_dim = hidden // num_heads
     Q = gguf.GGMLQuantizationType
     kinds = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.F16, Q.BF16]  # cycled over the matrices: every loader path
+    if kquants:
+        kinds = [Q.Q4_K, Q.Q6_K]
     counter = [0]
 
     def add(name: str, shape: tuple[int, ...], scale: float, quant: bool = True) -> None:
@@ -77,6 +96,8 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
             counter[0] += 1
             if q == Q.F16:
                 w.add_tensor(name, arr.astype(np.float16))
+            elif q in (Q.Q4_K, Q.Q6_K):
+                w.add_tensor(name, _random_k_blocks(q, shape, scale, rng), raw_dtype=q)
             else:
                 w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
         else:

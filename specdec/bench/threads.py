@@ -26,16 +26,19 @@ KERNELS = ("float32", "int4", "int4-a8")
 
 
 def layer(kind: str, out_features: int, in_features: int, seed: int = 0):
-    """A random weight in the layout the precision runs: dense float32, or packed 4-bit codes with a
-    scale and offset per 32 values (Q4_K's layout after packing)."""
+    """A random weight in the layout the precision runs: dense float32, or Q4_K as packed: 4-bit codes,
+    a scale (an integer below 64 times one scale per 256 values) and an offset per 32 values."""
     from specdec.quant.packed import QuantLinear, QuantTensor
     g = torch.Generator().manual_seed(seed)
     if kind == "float32":
         return torch.randn(out_features, in_features, generator=g) / in_features ** 0.5
     groups = in_features // 32
+    sub = torch.randint(0, 64, (out_features, groups), generator=g).float()
+    d = torch.rand(out_features, -(-in_features // 256), generator=g) / 4096
+    scale = (sub * d.repeat_interleave(8, dim=1)[:, :groups]).contiguous()
     qt = QuantTensor(4, 32, torch.randint(0, 256, (out_features, in_features // 2), generator=g, dtype=torch.uint8),
-                     torch.rand(out_features, groups, generator=g) / 64, -torch.rand(out_features, groups, generator=g) / 8,
-                     in_features)
+                     scale, -torch.rand(out_features, groups, generator=g) / 8, in_features,
+                     d if in_features % 256 == 0 else None)  # a row of whole super-blocks, as Q4_K has
     return QuantLinear([qt], act8=kind == "int4-a8")
 
 

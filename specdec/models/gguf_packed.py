@@ -25,6 +25,8 @@ from specdec.quant.gguf_blocks import PACKABLE, decode
 from specdec.quant.packed import QuantLinear, QuantTensor
 
 CACHE_NAME = "weights-int4.safetensors"
+# bumped when what a packed cache holds changes; an older cache is packed again (2: K-quants' super_scale)
+PACK_FORMAT = "2"
 _MATRICES = ("embed", "lm_head", "qkv", "o", "gate_up", "down")
 
 
@@ -45,7 +47,7 @@ def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]], act8
                 built.append(flat[key + "dense"])
             else:
                 built.append(QuantTensor(part["bits"], part["group"], flat[key + "codes"], flat[key + "scale"],
-                                         flat.get(key + "offset"), part["cols"]))
+                                         flat.get(key + "offset"), part["cols"], flat.get(key + "super_scale")))
         weights[name] = QuantLinear(built, act8)
     return weights
 
@@ -58,9 +60,10 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act8: bool = Fals
     if cache_path.exists() and config_path.exists():
         from safetensors import safe_open
         with safe_open(str(cache_path), framework="pt") as f:
-            layout = json.loads(f.metadata()["layout"])
-        cfg = LlamaConfig(**json.loads(config_path.read_text()))
-        return cfg, _assemble(weight_cache.load_mmap(cache_path), layout, act8), True
+            meta = f.metadata()
+        if meta.get("format") == PACK_FORMAT:
+            cfg = LlamaConfig(**json.loads(config_path.read_text()))
+            return cfg, _assemble(weight_cache.load_mmap(cache_path), json.loads(meta["layout"]), act8), True
 
     meta = read_metadata(path)
     reader = open_reader(path)
@@ -89,6 +92,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act8: bool = Fals
                 if permute:  # a row permutation: codes, scales and offsets move together
                     c.q, c.scale = _unpermute(c.q, heads), _unpermute(c.scale, heads)
                     c.offset = None if c.offset is None else _unpermute(c.offset, heads)
+                    c.super_scale = None if c.super_scale is None else _unpermute(c.super_scale, heads)
                 qt = QuantTensor.from_codes(c)
                 for k, v in qt.tensors().items():
                     flat[key + k] = v
@@ -107,7 +111,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act8: bool = Fals
     cache_dir.mkdir(parents=True, exist_ok=True)
     try:
         save_file(flat, str(tmp), metadata={"layout": json.dumps(layout), "gguf_sha256": sha256,
-                                            "created": str(time.time())})
+                                            "format": PACK_FORMAT, "created": str(time.time())})
         os.replace(tmp, cache_path)
     finally:
         tmp.unlink(missing_ok=True)

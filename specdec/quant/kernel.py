@@ -70,7 +70,8 @@ def _library() -> ctypes.CDLL | str:
     except (RuntimeError, OSError) as e:
         return str(e)
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.qlinear.argtypes = [p, i64, i64, ctypes.c_int, ctypes.c_int, p, p, p, i64, p, i64, ctypes.c_int, ctypes.c_int]
+    lib.qlinear.argtypes = [p, i64, i64, ctypes.c_int, ctypes.c_int, p, p, p, i64, p, i64, ctypes.c_int, ctypes.c_int,
+                           p, p]
     lib.qlinear.restype = ctypes.c_int
     lib.dense_linear.argtypes = [p, i64, i64, p, i64, p, i64, ctypes.c_int]
     lib.dense_linear.restype = ctypes.c_int
@@ -87,16 +88,22 @@ def unavailable_reason() -> str | None:
 
 
 def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: torch.Tensor,
-            offset: torch.Tensor | None, out: torch.Tensor, act8: bool = False) -> None:
+            offset: torch.Tensor | None, out: torch.Tensor, act8: bool = False,
+            sub: torch.Tensor | None = None, super_scale: torch.Tensor | None = None) -> None:
     """out[:, :n] = x @ W.T for W given by (codes, scale, offset); x: [rows, k] float32 contiguous,
     out: [rows, >= n] float32 with unit column stride (a column slice of a wider output is fine).
-    act8: x is first quantized to int8 per 32 values and the dot products are integer (int4-a8)."""
+    act8: x is first quantized to int8 per 32 values and the dot products are integer (int4-a8);
+    with sub ([n, k / group] int16) and super_scale ([n, k / 256] float32), scale == super_scale * sub
+    per 256 values (Q4_K, Q6_K) and x is quantized per 256 values: one integer sum per super-block."""
     lib = _library()
     assert not isinstance(lib, str), lib
     assert x.dtype == torch.float32 and x.is_contiguous() and out.stride(1) == 1
+    assert sub is None or (sub.dtype == torch.int16 and sub.is_contiguous() and super_scale is not None)
     rc = lib.qlinear(x.data_ptr(), x.shape[0], x.shape[1], bits, group, codes.data_ptr(), scale.data_ptr(),
                      offset.data_ptr() if offset is not None else None, codes.shape[0], out.data_ptr(),
-                     out.stride(0), torch.get_num_threads(), int(act8))
+                     out.stride(0), torch.get_num_threads(), int(act8),
+                     sub.data_ptr() if sub is not None else None,
+                     super_scale.data_ptr() if super_scale is not None else None)
     if rc != 0:
         raise ValueError(f"qlinear: unsupported layout bits={bits} group={group} k={x.shape[1]}")
 

@@ -4,8 +4,10 @@ A `QuantTensor` is one GGUF matrix as integer codes (int4: two per byte; int8) w
 offset per group. A `QuantLinear` stacks parts along the output dimension, because a fused projection
 (q|k|v, gate|up) can mix block types (the 1.5B's attn_v is Q6_K, its attn_q Q4_K); each part writes
 its own columns of one output. Activations stay float32 (precision int4: weight-only), or with
-`act8` are rounded to int8 per 32 values for integer dot products (precision int4-a8, llama.cpp's
-scheme: faster on CPUs, and a further approximation of the float32 oracle).
+`act8` are rounded to int8 for integer dot products (precision int4-a8, llama.cpp's scheme: faster on
+CPUs, and a further approximation of the float32 oracle): per 256 values for Q4_K and Q6_K matrices,
+whose group scales are integers times one float per 256 values (one exact integer sum per super-block),
+per 32 values for the rest.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class QuantTensor:
     scale: torch.Tensor          # [rows, cols // group] float32
     offset: torch.Tensor | None  # same shape as scale, or None
     cols: int
+    super_scale: torch.Tensor | None = None  # [rows, cols // 256] float32: K-quants' scale per 256 values
 
     @property
     def rows(self) -> int:
@@ -41,9 +44,23 @@ class QuantTensor:
             packed = (g[:, :, :16] | (g[:, :, 16:] << 4)).reshape(rows, cols // 2)
         else:
             packed = c.q.astype(np.int8)
-        offset = None if c.offset is None else torch.from_numpy(np.ascontiguousarray(c.offset))
-        return cls(c.bits, c.group, torch.from_numpy(np.ascontiguousarray(packed)),
-                   torch.from_numpy(np.ascontiguousarray(c.scale)), offset, cols)
+        arr = lambda a: None if a is None else torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+        return cls(c.bits, c.group, arr(packed), arr(c.scale), arr(c.offset), cols, arr(c.super_scale))
+
+    @property
+    def act8_block(self) -> int:
+        """Values per int8 activation scale under int4-a8: 256 where the kernel sums whole K-quant
+        super-blocks in integers (Q4_K: int4 codes in groups of 32; Q6_K: int8 codes in groups of 16)."""
+        super_layout = (self.bits, self.group) in ((4, 32), (8, 16))
+        return 256 if self.super_scale is not None and super_layout else 32
+
+    def sub_scales(self) -> torch.Tensor:
+        """[rows, cols // group] int16 s with scale == super_scale * s exactly (the block's integer scales)."""
+        d = self.super_scale.repeat_interleave(256 // self.group, dim=1)
+        s = torch.where(d != 0, self.scale / torch.where(d != 0, d, 1), 0).round()
+        if not torch.equal(s * d, self.scale) or s.abs().max() > 255:
+            raise ValueError("group scales are not integer multiples of the super-block scale")
+        return s.to(torch.int16).contiguous()
 
     def int_codes(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """[n, cols] codes as int32 (for the fallback path and embedding lookups)."""
@@ -65,6 +82,8 @@ class QuantTensor:
         out = {"codes": self.codes, "scale": self.scale}
         if self.offset is not None:
             out["offset"] = self.offset
+        if self.super_scale is not None:
+            out["super_scale"] = self.super_scale
         return out
 
     def nbytes(self) -> int:
@@ -79,6 +98,9 @@ class QuantLinear:
     def __init__(self, parts: list[QuantTensor | torch.Tensor], act8: bool = False) -> None:
         self.parts = parts
         self.act8 = act8
+        # int4-a8 on K-quant super-blocks: each part's integer group scales, or None
+        self._sub = [p.sub_scales() if act8 and isinstance(p, QuantTensor) and p.act8_block == 256 else None
+                     for p in parts]
         cols = {p.cols if isinstance(p, QuantTensor) else p.shape[1] for p in parts}
         assert len(cols) == 1, f"parts disagree on the input size: {cols}"
         self.in_features = cols.pop()
@@ -97,12 +119,13 @@ class QuantLinear:
         use_kernel = kernel.available()
         if not use_kernel:
             _warn_fallback()
-        for p in self.parts:
+        for p, sub in zip(self.parts, self._sub):
             n = p.rows if isinstance(p, QuantTensor) else p.shape[0]
             if not isinstance(p, QuantTensor):
                 out[:, col:col + n] = linear(x, p)
             elif use_kernel:
-                kernel.qlinear(x, p.bits, p.group, p.codes, p.scale, p.offset, out[:, col:col + n], self.act8)
+                kernel.qlinear(x, p.bits, p.group, p.codes, p.scale, p.offset, out[:, col:col + n], self.act8,
+                               sub, p.super_scale if sub is not None else None)
             else:
                 out[:, col:col + n] = _reference(x, p, self.act8)
             col += n
@@ -115,8 +138,8 @@ class QuantLinear:
         p = self.parts[0]
         if not isinstance(p, QuantTensor):
             return QuantLinear([p[ids].contiguous()], self.act8)
-        offset = None if p.offset is None else p.offset[ids].contiguous()
-        sub = QuantTensor(p.bits, p.group, p.codes[ids].contiguous(), p.scale[ids].contiguous(), offset, p.cols)
+        rows = lambda t: None if t is None else t[ids].contiguous()  # noqa: E731
+        sub = QuantTensor(p.bits, p.group, rows(p.codes), rows(p.scale), rows(p.offset), p.cols, rows(p.super_scale))
         return QuantLinear([sub], self.act8)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -133,9 +156,9 @@ def _warn_fallback() -> None:
           "fallback, which is many times slower", file=sys.stderr)
 
 
-def quantize_act8(x: torch.Tensor) -> torch.Tensor:
-    """x rounded the way the int4-a8 kernel rounds it: per 32 values, scale = max|x| / 127."""
-    xb = x.view(x.shape[0], -1, 32)
+def quantize_act8(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x rounded the way the int4-a8 kernel rounds it: per `block` values, scale = max|x| / 127."""
+    xb = x.view(x.shape[0], -1, block)
     d = xb.abs().amax(-1, keepdim=True) / 127
     q = torch.round(xb * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
     return (q * d).view_as(x)
@@ -146,7 +169,7 @@ def _reference(x: torch.Tensor, p: QuantTensor, act8: bool = False) -> torch.Ten
     offsets times per-group sums of x, one row at a time (so it is batch-invariant too)."""
     xsum = x.view(x.shape[0], -1, p.group).sum(-1)  # the offsets see the unrounded x, as in the kernel
     if act8:
-        x = quantize_act8(x)
+        x = quantize_act8(x, p.act8_block)
     groups = p.cols // p.group
     out = torch.empty(x.shape[0], p.rows, dtype=torch.float32)
     block = 4096  # output features per chunk: bounds the dequantized working set

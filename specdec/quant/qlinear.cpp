@@ -178,6 +178,26 @@ inline void tile_a8(const int8_t* xq, const float* sx, int64_t k, const float* x
         y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
 }
 
+// x rounded to int8 per `block` values: x ~= dx[r, b] * xq[r, b, :], dx = max|x| / 127 (round to nearest).
+// pair64: each 64 values are stored as [group 2c elements 0-15, group 2c+1 elements 0-15, then both groups'
+// elements 16-31]: the order in which one 32-byte load of two int4 groups' codes yields its nibbles.
+void quantize_rows(const float* x, int64_t rows, int64_t k, int block, bool pair64, int8_t* xq, float* dx) {
+    const int64_t blocks = k / block;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < blocks; ++b) {
+            const float* xb = x + r * k + b * block;
+            int8_t* qb = xq + r * k + b * block;
+            float amax = 0.f;
+            for (int i = 0; i < block; ++i) amax = amax > __builtin_fabsf(xb[i]) ? amax : __builtin_fabsf(xb[i]);
+            const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+            dx[r * blocks + b] = d;
+            for (int i = 0; i < block; ++i) {
+                const int e = i % 64, pos = pair64 ? (i - e) + (e % 32) / 16 * 32 + e / 32 * 16 + e % 16 : i;
+                qb[pos] = (int8_t)__builtin_nearbyintf(xb[i] * id);
+            }
+        }
+}
+
 template <int BITS, int G>
 void run_a8(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale, const float* offset,
             int64_t n, float* y, int64_t ldy, int threads) {
@@ -185,15 +205,7 @@ void run_a8(const float* x, int64_t rows, int64_t k, const void* codes, const fl
     int8_t* xq = new int8_t[rows * k];
     float* sx = new float[rows * blocks];
     float* xsum = offset ? group_sums<G>(x, rows, k) : nullptr;
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t b = 0; b < blocks; ++b) {
-            const float* xb = x + r * k + b * 32;
-            float amax = 0.f;
-            for (int i = 0; i < 32; ++i) amax = amax > __builtin_fabsf(xb[i]) ? amax : __builtin_fabsf(xb[i]);
-            const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-            sx[r * blocks + b] = d;
-            for (int i = 0; i < 32; ++i) xq[r * k + b * 32 + i] = (int8_t)__builtin_nearbyintf(xb[i] * id);
-        }
+    quantize_rows(x, rows, k, 32, false, xq, sx);
     for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
                               const void* c, const float* s, const float* o) {
         tile_a8<BITS, G, decltype(mt)::value>(xq + r * k, sx + r * blocks, k, xsum ? xsum + r * groups : nullptr,
@@ -201,6 +213,85 @@ void run_a8(const float* x, int64_t rows, int64_t k, const void* codes, const fl
     });
     delete[] xq;
     delete[] sx;
+    delete[] xsum;
+}
+
+// ---- K-quant super-blocks with int8 activations (llama.cpp's Q4_K x Q8_K, Q6_K x Q8_K) ----------------
+// A Q4_K / Q6_K group's scale is d * sub with d one float per 256 values and sub a small integer, so
+// with x rounded per 256 values (one dx) a whole super-block is one exact int32 sum,
+// sum_g sub[g] * (codes_g . xq_g), and one float multiply-add d * dx * sum: no float work per group.
+// A 256-bit vector holds two groups, one per 128-bit half; `pair_scales` gives each half its sub.
+inline __m256i pair_scales(const int16_t* sub) {  // [sub[0] x 8 | sub[1] x 8] as int16
+    const __m256i mask = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    int32_t both;
+    __builtin_memcpy(&both, sub, 4);
+    return _mm256_shuffle_epi8(_mm256_set1_epi32(both), mask);
+}
+
+// BITS 4: G = 32, x in pair64 order; BITS 8: G = 16 (signed codes, element order).
+template <int BITS, int MT>
+inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const void* codes,
+                       const int16_t* sub, const float* dsup, const float* offset, float* y, int64_t ldy) {
+    constexpr int G = BITS == 4 ? 32 : 16;
+    const int64_t supers = k / 256;
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    __m256 acc[MT];
+    for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < supers; ++sb) {
+        __m256i sum[MT];
+        for (int r = 0; r < MT; ++r) sum[r] = _mm256_setzero_si256();
+        const int16_t* s = sub + sb * (256 / G);
+        if constexpr (BITS == 4) {
+            const uint8_t* c = (const uint8_t*)codes + sb * 128;
+            for (int p = 0; p < 4; ++p) {  // 64 values: groups 2p and 2p + 1 of this super-block
+                const __m256i raw = _mm256_loadu_si256((const __m256i*)(c + 32 * p));
+                const __m256i lo = _mm256_and_si256(raw, m), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m);
+                const __m256i sc = pair_scales(s + 2 * p);
+                for (int r = 0; r < MT; ++r) {
+                    const int8_t* xr = xq + r * k + sb * 256 + 64 * p;
+                    const __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)xr)), sc);
+                    const __m256i b = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(xr + 32))), sc);
+                    sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(a, b));
+                }
+            }
+        } else {
+            const int8_t* c = (const int8_t*)codes + sb * 256;
+            for (int p = 0; p < 8; ++p) {  // 32 values: groups 2p and 2p + 1
+                const __m256i w = _mm256_loadu_si256((const __m256i*)(c + 32 * p));
+                const __m256i u = _mm256_sign_epi8(w, w);  // vpmaddubsw takes unsigned x signed: w's sign moves to x
+                const __m256i sc = pair_scales(s + 2 * p);
+                for (int r = 0; r < MT; ++r) {
+                    const __m256i v = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)(xq + r * k + sb * 256 + 32 * p)), w);
+                    sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), sc));
+                }
+            }
+        }
+        for (int r = 0; r < MT; ++r)
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dsup[sb] * dx[r * supers + sb]), _mm256_cvtepi32_ps(sum[r]), acc[r]);
+    }
+    const int64_t groups = k / G;
+    for (int r = 0; r < MT; ++r)
+        y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
+}
+
+template <int BITS>
+void run_super(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale,
+               const float* offset, const int16_t* sub, const float* dsup, int64_t n, float* y, int64_t ldy,
+               int threads) {
+    constexpr int G = BITS == 4 ? 32 : 16;
+    const int64_t supers = k / 256, groups = k / G;
+    int8_t* xq = new int8_t[rows * k];
+    float* dx = new float[rows * supers];
+    float* xsum = offset ? group_sums<G>(x, rows, k) : nullptr;
+    quantize_rows(x, rows, k, 256, BITS == 4, xq, dx);
+    for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
+                              const void* c, const float*, const float* o) {
+        tile_super<BITS, decltype(mt)::value>(xq + r * k, dx + r * supers, k, xsum ? xsum + r * groups : nullptr,
+                                              c, sub + j * groups, dsup + j * supers, o, y + r * ldy + j, ldy);
+    });
+    delete[] xq;
+    delete[] dx;
     delete[] xsum;
 }
 
@@ -261,10 +352,20 @@ int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_
 // x: [rows, k] float32 contiguous; codes: [n, k / 2] (bits 4) or [n, k] (bits 8); scale, offset: [n, k / G]
 // float32 (offset may be null); y: rows of stride ldy, columns [0, n) written. Returns 0, or -1 on a
 // layout this build does not support.
-// act8 != 0: activations quantized to int8 per 32 values (precision int4-a8), integer dot products.
+// act8 != 0: activations quantized to int8 per 32 values (precision int4-a8), integer dot products;
+// with sub ([n, k / G] int16) and dsup ([n, k / 256]), scale = dsup * sub per super-block of 256 values
+// (Q4_K: bits 4, group 32; Q6_K: bits 8, group 16) and x is quantized per 256 values instead.
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
-            const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act8) {
+            const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act8,
+            const int16_t* sub, const float* dsup) {
     if (k % 32) return -1;
+    if (act8 && sub) {
+        if (k % 256) return -1;
+        if (bits == 4 && group == 32) run_super<4>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+        else if (bits == 8 && group == 16) run_super<8>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+        else return -1;
+        return 0;
+    }
     if (act8) {
         if (bits == 4 && group == 32) run_a8<4, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
         else if (bits == 8 && group == 32) run_a8<8, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
