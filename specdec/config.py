@@ -89,7 +89,7 @@ class SpeculativeConfig:
     health_window: int = 8                 # drafting steps in the rolling window
     reprobe_interval: int = 16             # plain steps between re-probes after a fallback
     reprobe_k: int = 2
-    ema_alpha: float = 0.3                 # weight of the newest timing in the cost EMAs
+    ema_alpha: float = 0.3                 # weight of the newest step's wall/predicted ratio in its EMA
     acceptance_decay: float = 0.85         # per-request acceptance counts: weight kept per observation
     prior_strength: float = 2.0            # pseudo-observations of the engine-wide acceptance prior
     deterministic: bool = False            # cost model decides from acceptance counts and static costs only

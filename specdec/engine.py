@@ -74,6 +74,7 @@ class LLMEngine:
         self._generators: dict[str, torch.Generator] = {}
         self._drafts: dict[str, DraftProposal] = {}
         self._ids = itertools.count()
+        self._step_explored = False  # this step ran a forward on a thread count being tried
         # test suites only: a deliberately broken rejection sampler (see rejection_sample's _test_mode)
         self._rejection_test_mode: str | None = None
 
@@ -153,7 +154,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         if self.drafts is not None:
             self.poll_drafts()
-        self._plan_speculation()
+        t0, self._step_explored = time.perf_counter(), False
+        planned = self._plan_speculation()
         sched = self.scheduler.schedule()
         for rid in sched.preempted_request_ids:
             for proposer in self.proposers.values():
@@ -162,9 +164,26 @@ class LLMEngine:
             return []
         self._propose(sched)
         out = self.runner.execute(sched)
-        return self._update(sched, out)
+        outputs = self._update(sched, out)
+        self._record_step(sched, planned, time.perf_counter() - t0)
+        return outputs
 
-    def _plan_speculation(self) -> None:
+    def _record_step(self, sched: SchedulerOutput, planned: dict[str, tuple[str, int]], seconds: float) -> None:
+        """A pure decode step whose requests share one proposer and one k, none of them catching up on
+        more than a step's tokens (the last draft and the bonus token of a fully accepted step), no
+        forward on a thread count being tried: its wall time calibrates that controller's predicted
+        step cost."""
+        shape = {(planned.get(c.request_id, ("", -1))[0], c.num_drafts) for c in sched.chunks}
+        caught_up = all(c.num_drafts == 0 or planned[c.request_id][1] <= 2 for c in sched.chunks
+                        if c.request_id in planned)
+        if len(shape) == 1 and caught_up and not self._step_explored:
+            (method, k), = shape
+            if method in self.controllers:
+                self.controllers[method].record_step(k, len(sched.chunks), seconds)
+
+    def _plan_speculation(self) -> dict[str, tuple[str, int]]:
+        """Sets each decoding request's k; returns {request id: (proposer id, catch-up tokens)}."""
+        planned: dict[str, tuple[str, int]] = {}
         batch = len(self.scheduler.running)
         for req in self.scheduler.running:
             req.num_spec_tokens = 0
@@ -182,6 +201,8 @@ class LLMEngine:
                 k = min(k, remaining - 1)
             req.num_spec_tokens = k
             controller.charge(req.request_id, k, batch, catch_up)
+            planned[req.request_id] = (method, catch_up)
+        return planned
 
     def _propose(self, sched: SchedulerOutput) -> None:
         by_method: dict[str, list[ScheduledChunk]] = {}
@@ -205,7 +226,9 @@ class LLMEngine:
             proposals = [DraftProposal([]) for _ in reqs]
         seconds = proposer.draft_seconds
         for rows, forward_seconds in proposer.forward_costs:
-            controller.record_draft(rows, forward_seconds)
+            if forward_seconds is not None:
+                controller.record_draft(rows, forward_seconds)
+        self._step_explored |= any(s is None for _, s in proposer.forward_costs)
         if not proposer.forward_costs:  # a model-free proposer: its wall time per draft step
             controller.record_draft(len(reqs), seconds / max(c.num_drafts for c in chunks))
         for chunk, req, prop in zip(chunks, reqs, proposals):
@@ -224,8 +247,10 @@ class LLMEngine:
     def _update(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[RequestOutput]:
         sampled = [(i, c) for i, c in enumerate(sched.chunks) if c.num_logits]
         tokens, accepted = self._sample(sampled, out) if sampled else ([], [])
+        self._step_explored |= out.exploring
         for controller in self.controllers.values():
-            controller.record_verify(sched.num_batched_tokens, out.forward_seconds)
+            if not out.exploring:
+                controller.record_verify(sched.num_batched_tokens, out.forward_seconds)
         emitted = dict(zip((i for i, _ in sampled), zip(tokens, accepted)))
         outputs = []
         for i, chunk in enumerate(sched.chunks):

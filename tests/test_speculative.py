@@ -405,7 +405,7 @@ def test_self_draft_is_lossless(tiny_dir, reference, tmp_path, monkeypatch):
 def test_cost_table_follows_the_runners_row_padding():
     """float32 pads rows to 4 (1-4 rows cost the same); int4 does not, so each row is priced."""
     from specdec.spec.controller import CostTable
-    padded, exact = CostTable(1.0, row_align=4), CostTable(1.0, row_align=1)
+    padded, exact = CostTable(row_align=4), CostTable(row_align=1)
     for t in (padded, exact):
         t.record(1, 0.10)
         t.record(4, 0.40)
@@ -414,6 +414,19 @@ def test_cost_table_follows_the_runners_row_padding():
     assert exact.estimate(2) == pytest.approx(0.20)   # interpolated between measured row counts
     c = SpecController(SpeculativeConfig(), row_align=1)
     assert c.verify_costs.row_align == 1 and c.draft_costs.row_align == 1
+
+
+def test_one_slow_forward_does_not_move_a_cost():
+    """The plain step's cost is not measured again while a request speculates: one outlier (the thread
+    tuner trying one thread, a page fault) must not make plain decoding look slow from then on."""
+    from specdec.spec.controller import CostTable
+    t = CostTable(row_align=1)
+    for s in (0.45, 0.20, 0.20, 0.20, 0.45):  # a cold first forward, then one try of one thread
+        t.record(1, s)
+        assert t.estimate(1) == (0.45 if s == 0.45 and len(t._recent[1]) == 1 else 0.20)
+    for _ in range(2):
+        t.record(1, 0.45)  # most of the last five: a real change, which it follows
+    assert t.estimate(1) == 0.45
 
 
 def _measured(cfg, verify, draft, accepted, draft_cost_ratio=None):
@@ -450,6 +463,57 @@ def test_cost_model_probes_only_while_a_probe_could_pay():
     # and a draft that is cheap enough goes back to drafting
     cheap = _measured(cfg, ((1, 0.21), (5, 0.30), (17, 0.9)), ((1, 0.01), (17, 0.1)), accepted=4)
     assert cheap.next_k("r", 10, 1, remaining=100, catch_up=2) == 4
+
+
+def test_cost_model_learns_what_whole_steps_cost():
+    """The forward costs predict a gain (the bench's chat prompts on int4: 2-row verification priced
+    from 1 row and a prefill, one 1-row draft), but whole speculative steps measure 30% more than
+    their forwards (the draft's 2-row catch-up, sampling over the vocabulary): the controller scales
+    its prediction by what steps measured and goes back to plain decoding."""
+    cfg = SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, reprobe_interval=1000)
+    c = _measured(cfg, ((1, 0.20), (2, 0.27), (5, 0.50), (40, 3.2)), ((1, 0.05),), accepted=1)
+    k = c.next_k("r", 10, 1, remaining=100)
+    assert k == 1  # forwards alone: (0.05 + 0.27) s for 2 tokens beats 0.20 s a token
+    for _ in range(5):
+        c.record_step(0, 1, 0.206)  # plain steps: 3% over their forward
+        c.record_step(k, 1, 1.3 * c._forward_cost(k, 1))
+    assert c.step_ratio[0] == pytest.approx(1.03) and c.step_ratio[k] == pytest.approx(1.3)
+    assert c.next_k("r", 11, 1, remaining=100) == 0
+    # an unmeasured k is priced with the last speculative step's ratio, not the plain steps'
+    other = next(j for j in range(1, 5) if j != k)
+    assert c._step_cost(other, 1) == pytest.approx(1.3 * c._forward_cost(other, 1))
+    # static costs (deterministic mode) ignore wall times
+    d = SpecController(SpeculativeConfig(num_speculative_tokens=4, deterministic=True))
+    d.record_step(2, 1, 5.0)
+    assert d.step_ratio == {} and d._step_cost(2, 1) == d._forward_cost(2, 1)
+
+
+def test_engine_times_whole_decode_steps_for_the_cost_model(tiny_qwen):
+    cfg = engine_config(str(tiny_qwen))
+    cfg.speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=3, policy="fixed")
+    llm = LLM(config=cfg, progress=False)
+    llm.generate(["the cat sat on the mat and then the cat sat on the mat"], SamplingParams(max_tokens=24,
+                                                                                            ignore_eos=True))
+    ratios = next(iter(llm.engine.controllers.values())).step_ratio
+    assert ratios and all(r > 0 for r in ratios.values())
+    assert any(k > 0 for k in ratios)  # speculative steps were timed, not only plain ones
+
+
+def test_forwards_on_a_thread_count_being_tried_are_no_cost_measurement(tiny_qwen, monkeypatch):
+    """The tuner's tries (one thread on a 2-core machine) would make plain decoding look slow to the
+    cost model, which measures the plain step rarely while a request speculates."""
+    from specdec.runner.threads import ThreadTuner
+    cfg = engine_config(str(tiny_qwen))
+    cfg.speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=3, policy="fixed")
+    llm = LLM(config=cfg, progress=False)
+    tuner = llm.engine.runner.tuner = ThreadTuner(2)
+    for rows in (1, 4, 64):
+        tuner.record(rows, 2, 0.01)
+    # every forward tries the count that is not the best so far
+    monkeypatch.setattr(tuner, "choose", lambda rows: 1 if tuner.best(rows) == 2 else 2)
+    llm.generate(["the cat sat on the mat and then the cat sat on the mat"], SamplingParams(max_tokens=8))
+    controller = next(iter(llm.engine.controllers.values()))
+    assert controller.verify_costs.seconds == {} and controller.step_ratio == {}
 
 
 def test_cost_model_needs_a_margin_to_speculate():

@@ -38,3 +38,4 @@ class ModelRunnerOutput:
     logits: torch.Tensor        # [num_logits_total, vocab_size] float32, never-sample ids at -inf
     cu_num_logits: list[int]    # [len(chunks) + 1] row offsets of each chunk's logits
     forward_seconds: float = 0.0
+    exploring: bool = False     # it ran on a thread count the tuner is trying: not a typical cost

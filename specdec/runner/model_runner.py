@@ -66,13 +66,15 @@ class ModelRunner:
         pos_t = torch.tensor(positions + [0] * pad, dtype=torch.long, device=self.device)
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=self.device), seqs, num_rows)
         threads = self.tuner.choose(num_rows) if self.tuner else 0
+        best = self.tuner.best(num_rows) if self.tuner else None
         t1 = time.perf_counter()
         hidden = self.model.forward(input_ids, pos_t, meta, self.kv_caches)
         logits = self.compute_logits(hidden, logit_rows)
         t2 = time.perf_counter()
         if self.tuner:
             self.tuner.record(num_rows, threads, t2 - t1)
-        return ModelRunnerOutput(logits=logits, cu_num_logits=cu, forward_seconds=t2 - t0)
+        return ModelRunnerOutput(logits=logits, cu_num_logits=cu, forward_seconds=t2 - t0,
+                                 exploring=best is not None and threads != best)
 
     def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """Logits for the given rows of the hidden states, never-sample ids at -inf. [len(rows), vocab]"""

@@ -23,6 +23,11 @@ Policies (SpeculativeConfig.policy):
     best case, every draft accepted, must save more over the remaining tokens than the probe's
     catch-up prefill costs. Where even that cannot pay (a draft model nearly as slow as the target)
     the request stays plain and costs what plain decoding costs.
+    The forward costs miss what else a step costs (sampling and rejection over the vocabulary, the
+    draft's extra row after an accepted step, scheduling), and that share differs between plain and
+    speculative steps; so each predicted step cost is scaled by the measured ratio of whole-step wall
+    time to predicted forward time for its k (`record_step`), and a k that loses in practice stops
+    being chosen even where the forward costs alone say it wins.
     With `deterministic=True` the costs are static (draft_cost_ratio, verify_cost_slope,
     prefill_cost_ratio), so k depends on acceptance counts alone and a seed fixes the text, not only
     its distribution.
@@ -58,22 +63,27 @@ def predicted_speedup(acceptance: list[float], k: int, c: float, verify_ratio: f
 
 
 class CostTable:
-    """EMA of measured seconds by padded row count (the runner pads rows to a multiple of 4, so
-    e.g. 1-4 rows cost the same). An unmeasured row count is interpolated between the nearest
+    """Measured seconds by padded row count (the runner pads rows to a multiple of 4, so e.g. 1-4
+    rows cost the same): the median of the last 5 measurements (of fewer than 3: the newest). A
+    median, not a moving average: one outlier (a process's cold first forward, the thread tuner
+    trying a count) moves nothing, which matters most for the plain step's cost, since it is not
+    measured again while a request speculates. An unmeasured row count is interpolated between the nearest
     measurements around it (prefill chunks give the large ones, so on a CPU a 16-row verification
     is priced from what 4 and 48 rows cost, on a GPU it stays flat); outside the measured range it
     scales in proportion to the nearest measurement (below it that is optimistic on purpose: the
     controller tries the row count and learns its real cost)."""
 
-    def __init__(self, alpha: float, row_align: int = ROW_ALIGN) -> None:
-        self.alpha = alpha
+    def __init__(self, window: int = 5, row_align: int = ROW_ALIGN) -> None:
+        self.window = window
         self.row_align = row_align  # the runner's padding: row counts that cost the same share a key
         self.seconds: dict[int, float] = {}
+        self._recent: dict[int, deque] = {}
 
     def record(self, rows: int, seconds: float) -> None:
         key = pad_rows(rows, self.row_align)
-        old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        recent = self._recent.setdefault(key, deque(maxlen=self.window))
+        recent.append(seconds)
+        self.seconds[key] = sorted(recent)[len(recent) // 2] if len(recent) >= 3 else seconds
 
     def estimate(self, rows: int) -> float | None:
         key = pad_rows(rows, self.row_align)
@@ -120,8 +130,11 @@ class SpecController:
         self.max_k = config.num_speculative_tokens
         self.states: dict[str, RequestSpecState] = {}
         # rows in the draft forward -> seconds per step
-        self.draft_costs = CostTable(config.ema_alpha, row_align if draft_row_align is None else draft_row_align)
-        self.verify_costs = CostTable(config.ema_alpha, row_align)  # rows in the target forward -> seconds
+        self.draft_costs = CostTable(row_align=row_align if draft_row_align is None else draft_row_align)
+        self.verify_costs = CostTable(row_align=row_align)  # rows in the target forward -> seconds
+        # k -> EMA of (whole decode step's wall seconds) / (its predicted forward seconds)
+        self.step_ratio: dict[int, float] = {}
+        self._last_spec_ratio: float | None = None
         self.global_hits = [0.0] * self.max_k
         self.global_trials = [0.0] * self.max_k
         self.num_fallbacks = 0
@@ -219,6 +232,18 @@ class SpecController:
         return None if self.config.deterministic else self.verify_costs.estimate(batch_size)
 
     def _step_cost(self, k: int, batch_size: int) -> float:
+        """Predicted seconds of a decode step with k drafts: its forwards, scaled by what whole steps
+        with this k measured against that prediction (an unmeasured k: the last speculative step's
+        ratio, else the plain steps')."""
+        forwards = self._forward_cost(k, batch_size)
+        if self._unit(batch_size) is None:
+            return forwards
+        ratio = self.step_ratio.get(k)
+        if ratio is None:
+            ratio = self._last_spec_ratio if k and self._last_spec_ratio is not None else self.step_ratio.get(0, 1.0)
+        return forwards * ratio
+
+    def _forward_cost(self, k: int, batch_size: int) -> float:
         cfg = self.config
         unit = self._unit(batch_size)
         if unit is None:  # static model, in units of one target step
@@ -309,6 +334,20 @@ class SpecController:
 
     def record_verify(self, total_rows: int, seconds: float) -> None:
         self.verify_costs.record(total_rows, seconds)
+
+    def record_step(self, k: int, batch_size: int, seconds: float) -> None:
+        """A whole decode step (draft, verification, sampling, bookkeeping) in which each of the
+        batch's requests ran k drafts with this proposer and none paid a catch-up prefill."""
+        if self._unit(batch_size) is None:
+            return
+        predicted = self._forward_cost(k, batch_size)
+        if predicted <= 0:
+            return
+        ratio, old = seconds / predicted, self.step_ratio.get(k)
+        alpha = self.config.ema_alpha
+        self.step_ratio[k] = ratio if old is None else (1 - alpha) * old + alpha * ratio
+        if k:
+            self._last_spec_ratio = self.step_ratio[k]
 
     def disable(self, request_id: str) -> None:
         self._state(request_id).disabled = True

@@ -61,7 +61,7 @@ class DraftModelProposer:
                                   vocab_limit=vocab_size, tuner=tuner)
         self._generators: dict[str, torch.Generator] = {}
         self.draft_seconds = 0.0  # of the last propose() call
-        self.forward_costs: list[tuple[int, float]] = []  # (rows, seconds) of its forwards
+        self.forward_costs: list[tuple[int, float | None]] = []  # (rows, seconds) of its forwards
 
     def propose(self, requests: list[Request], num_tokens: list[int]) -> list[DraftProposal]:
         t0 = time.perf_counter()
@@ -91,7 +91,7 @@ class DraftModelProposer:
                 chunks.append(ScheduledChunk(rid, tokens, seen, list(self.kv.block_tables[rid]), 1))
             rows = sum(len(c.token_ids) for c in chunks)
             out = self.runner.execute(SchedulerOutput(chunks, rows, self.kv.take_pending_copies()))
-            self.forward_costs.append((rows, out.forward_seconds))
+            self.forward_costs.append((rows, None if out.exploring else out.forward_seconds))
             for row, (i, req, _) in enumerate(active):
                 token, q = self._sample(req, out.logits[row, : self.vocab_size], drafts[i])
                 drafts[i].append(token)

@@ -25,7 +25,9 @@ class Proposer(Protocol):
     method: str   # "draft_model" | "ngram"
     name: str     # e.g. the draft model's name, or "ngram[1-4]"
     draft_seconds: float                      # wall time of the last propose()
-    forward_costs: list[tuple[int, float]]    # (rows, seconds) of each forward in the last propose()
+    # (rows, seconds) of each forward in the last propose(); seconds None where the forward ran on a
+    # thread count being tried (runner/threads.py), which is no measure of the draft's usual cost
+    forward_costs: list[tuple[int, float | None]]
 
     def propose(self, requests: list[Request], num_tokens: list[int]) -> list[DraftProposal]:
         """Drafts for each request, at most num_tokens[i] for requests[i]. Must not raise for one
