@@ -80,4 +80,3 @@ def test_thread_count_never_changes_logits(tiny_qwen, precision, path, monkeypat
         torch.set_num_threads(threads)
         results.append(runner.execute(SchedulerOutput(chunks=chunk, num_batched_tokens=len(tokens))).logits)
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
-
