@@ -229,6 +229,8 @@ inline __m256i pair_scales(const int16_t* sub) {  // [sub[0] x 8 | sub[1] x 8] a
     return _mm256_shuffle_epi8(_mm256_set1_epi32(both), mask);
 }
 
+inline __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
+
 // BITS 4: G = 32, x in pair64 order; BITS 8: G = 16 (signed codes, element order).
 template <int BITS, int MT>
 inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const void* codes,
@@ -245,30 +247,32 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
         if constexpr (BITS == 4) {
             const uint8_t* c = (const uint8_t*)codes + sb * 128;
             for (int p = 0; p < 4; ++p) {  // 64 values: groups 2p and 2p + 1 of this super-block
-                const __m256i raw = _mm256_loadu_si256((const __m256i*)(c + 32 * p));
+                const __m256i raw = load256(c + 32 * p);
                 const __m256i lo = _mm256_and_si256(raw, m), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m);
                 const __m256i sc = pair_scales(s + 2 * p);
                 for (int r = 0; r < MT; ++r) {
                     const int8_t* xr = xq + r * k + sb * 256 + 64 * p;
-                    const __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)xr)), sc);
-                    const __m256i b = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(xr + 32))), sc);
+                    const __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(xr)), sc);
+                    const __m256i b = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(xr + 32)), sc);
                     sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(a, b));
                 }
             }
         } else {
             const int8_t* c = (const int8_t*)codes + sb * 256;
             for (int p = 0; p < 8; ++p) {  // 32 values: groups 2p and 2p + 1
-                const __m256i w = _mm256_loadu_si256((const __m256i*)(c + 32 * p));
-                const __m256i u = _mm256_sign_epi8(w, w);  // vpmaddubsw takes unsigned x signed: w's sign moves to x
+                const __m256i w = load256(c + 32 * p);
+                const __m256i u = _mm256_sign_epi8(w, w);  // vpmaddubsw: unsigned x signed, w's sign moves to x
                 const __m256i sc = pair_scales(s + 2 * p);
                 for (int r = 0; r < MT; ++r) {
-                    const __m256i v = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)(xq + r * k + sb * 256 + 32 * p)), w);
+                    const __m256i v = _mm256_sign_epi8(load256(xq + r * k + sb * 256 + 32 * p), w);
                     sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), sc));
                 }
             }
         }
-        for (int r = 0; r < MT; ++r)
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dsup[sb] * dx[r * supers + sb]), _mm256_cvtepi32_ps(sum[r]), acc[r]);
+        for (int r = 0; r < MT; ++r) {
+            const __m256 d = _mm256_set1_ps(dsup[sb] * dx[r * supers + sb]);
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum[r]), acc[r]);
+        }
     }
     const int64_t groups = k / G;
     for (int r = 0; r < MT; ++r)
@@ -362,7 +366,8 @@ int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const 
     if (act8 && sub) {
         if (k % 256) return -1;
         if (bits == 4 && group == 32) run_super<4>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
-        else if (bits == 8 && group == 16) run_super<8>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+        else if (bits == 8 && group == 16)
+            run_super<8>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
         else return -1;
         return 0;
     }

@@ -67,11 +67,11 @@ class CostTable:
     rows cost the same): the median of the last 5 measurements (of fewer than 3: the newest). A
     median, not a moving average: one outlier (a process's cold first forward, the thread tuner
     trying a count) moves nothing, which matters most for the plain step's cost, since it is not
-    measured again while a request speculates. An unmeasured row count is interpolated between the nearest
-    measurements around it (prefill chunks give the large ones, so on a CPU a 16-row verification
-    is priced from what 4 and 48 rows cost, on a GPU it stays flat); outside the measured range it
-    scales in proportion to the nearest measurement (below it that is optimistic on purpose: the
-    controller tries the row count and learns its real cost)."""
+    measured again while a request speculates. An unmeasured row count is interpolated between the
+    nearest measurements around it (prefill chunks give the large ones, so on a CPU a 16-row
+    verification is priced from what 4 and 48 rows cost, on a GPU it stays flat); outside the
+    measured range it scales in proportion to the nearest measurement (below it that is optimistic
+    on purpose: the controller tries the row count and learns its real cost)."""
 
     def __init__(self, window: int = 5, row_align: int = ROW_ALIGN) -> None:
         self.window = window
