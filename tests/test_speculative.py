@@ -516,6 +516,25 @@ def test_forwards_on_a_thread_count_being_tried_are_no_cost_measurement(tiny_qwe
     assert controller.verify_costs.seconds == {} and controller.step_ratio == {}
 
 
+def test_failed_probes_back_off():
+    """n-gram lookup on prose: each probe verifies k + 1 rows and finds nothing; the wait before the
+    next doubles (16, 32, 64 plain steps), and a probe that finds acceptance resets it."""
+    cfg = SpeculativeConfig(num_speculative_tokens=4, reprobe_interval=16)
+    c = _measured(cfg, ((1, 0.20), (3, 0.36), (5, 0.54), (40, 3.2)), ((1, 1e-5),), accepted=0, draft_cost_ratio=0.0)
+    probes = []
+    for i in range(16 + 32 + 64):
+        if c.next_k("r", 10 + i, 1, remaining=1000) > 0:
+            probes.append(i)
+            c.observe("r", 2, 0)
+    assert probes == [15, 47, 111]
+    st = c.states["r"]
+    assert st.failed_probes == 3
+    st.plain_steps = c._probe_interval(st) - 1
+    assert c.next_k("r", 200, 1, remaining=1000) == 2
+    c.observe("r", 2, 2)  # the text turned repetitive: probes come at the base interval again
+    assert st.failed_probes == 0 and c._probe_interval(st) == 16
+
+
 def test_cost_model_needs_a_margin_to_speculate():
     """A predicted gain inside `min_gain` is noise in the measured costs: stay plain."""
     for min_gain, speculates in ((0.0, True), (0.03, False)):

@@ -22,7 +22,8 @@ Policies (SpeculativeConfig.policy):
     now and then (acceptance changes with the text), but only while a probe could pay for itself: the
     best case, every draft accepted, must save more over the remaining tokens than the probe's
     catch-up prefill costs. Where even that cannot pay (a draft model nearly as slow as the target)
-    the request stays plain and costs what plain decoding costs.
+    the request stays plain and costs what plain decoding costs. Each probe that finds acceptance
+    below the threshold doubles the wait before the next (up to 16 times `reprobe_interval`).
     The forward costs miss what else a step costs (sampling and rejection over the vocabulary, the
     draft's extra row after an accepted step, scheduling), and that share differs between plain and
     speculative steps; so each predicted step cost is scaled by the measured ratio of whole-step wall
@@ -34,8 +35,8 @@ Policies (SpeculativeConfig.policy):
 
 Health check (every policy): when a request's acceptance over its last `health_window` drafting steps
 falls below `acceptance_threshold`, it falls back to plain decoding, logs a warning and counts an
-alert; every `reprobe_interval` plain steps it re-probes with `reprobe_k` drafts and resumes when the
-probe's acceptance clears the threshold. Under exact verification none of this changes the output,
+alert; every `reprobe_interval` plain steps (doubled after each failed probe, up to 16 times) it
+re-probes with `reprobe_k` drafts and resumes when the probe's acceptance clears the threshold. Under exact verification none of this changes the output,
 only the speed; the same holds for the long-output guard (plain_interval_after / _steps).
 """
 from __future__ import annotations
@@ -112,7 +113,9 @@ class RequestSpecState:
     window: deque = field(default_factory=lambda: deque(maxlen=10))  # (drafted, accepted) per drafting step
     fallback: bool = False
     plain_steps: int = 0        # plain steps since the fallback / last probe
-    probing: bool = False
+    probing: bool = False       # the health check's re-probe is out
+    cost_probe: bool = False    # the cost model's probe is out
+    failed_probes: int = 0      # probes in a row that found acceptance below the threshold
     disabled: bool = False      # the proposer failed for this request
     guard_countdown: int = 0    # long-output guard: plain steps left before the next round
     tokens: int = 0             # decode tokens produced while this proposer served the request ...
@@ -173,7 +176,7 @@ class SpecController:
             return 0
         if st.fallback:
             st.plain_steps += 1
-            if st.plain_steps >= cfg.reprobe_interval and (
+            if st.plain_steps >= self._probe_interval(st) and (
                     cfg.policy != "cost_model" or self._probe_can_pay(batch_size, remaining, catch_up)):
                 st.plain_steps, st.probing = 0, True
                 self.num_reprobes += 1
@@ -193,12 +196,18 @@ class SpecController:
                 k = 0  # the draft's prefill would cost more than speculation can win back
         if k == 0:  # keep learning: probe now and then, while a probe could still pay for itself
             st.plain_steps += 1
-            if st.plain_steps >= cfg.reprobe_interval:
+            if st.plain_steps >= self._probe_interval(st):
                 st.plain_steps = 0
                 if self._probe_can_pay(batch_size, remaining, catch_up):
                     self.num_reprobes += 1
+                    st.cost_probe = True
                     return min(cfg.reprobe_k, self.max_k)
         return k
+
+    def _probe_interval(self, st: RequestSpecState) -> int:
+        """Plain steps before the next probe: `reprobe_interval`, doubled after each probe in a row that
+        failed (up to 16 times): a probe verifies k + 1 rows, which on a CPU costs nearly k + 1 steps."""
+        return self.config.reprobe_interval << min(st.failed_probes, 4)
 
     def _probe_can_pay(self, batch_size: int, remaining: int | None, catch_up: int) -> bool:
         """Best case for a probe: every draft accepted from now on. That must clear `min_gain` (else the
@@ -305,6 +314,10 @@ class SpecController:
                 st.k = min(st.k + 1, self.max_k)
             elif rate < 0.5:
                 st.k = max(st.k - 1, 1)
+        if st.cost_probe:
+            st.cost_probe = False
+            failed = num_accepted / num_drafted < self.config.acceptance_threshold
+            st.failed_probes = st.failed_probes + 1 if failed else 0
         was_fallback = st.fallback
         self._health(request_id, st, num_drafted, num_accepted)
         return st.fallback and not was_fallback
@@ -313,7 +326,9 @@ class SpecController:
         cfg = self.config
         if st.probing:
             st.probing = False
+            st.failed_probes += 1
             if accepted / drafted >= cfg.acceptance_threshold:
+                st.failed_probes = 0
                 st.fallback = False
                 st.window.clear()
                 st.window.append((drafted, accepted))
