@@ -22,8 +22,9 @@ Policies (SpeculativeConfig.policy):
     now and then (acceptance changes with the text), but only while a probe could pay for itself: the
     best case, every draft accepted, must save more over the remaining tokens than the probe's
     catch-up prefill costs. Where even that cannot pay (a draft model nearly as slow as the target)
-    the request stays plain and costs what plain decoding costs. Each probe that finds acceptance
-    below the threshold doubles the wait before the next (up to 16 times `reprobe_interval`).
+    the request stays plain and costs what plain decoding costs. Each probe after which the request's
+    estimated acceptance is below the threshold doubles the wait before the next (up to 16 times
+    `reprobe_interval`): one unlucky probe of a good draft barely moves the estimate.
     The forward costs miss what else a step costs (sampling and rejection over the vocabulary, the
     draft's extra row after an accepted step, scheduling), and that share differs between plain and
     speculative steps; so each predicted step cost is scaled by the measured ratio of whole-step wall
@@ -314,9 +315,9 @@ class SpecController:
                 st.k = min(st.k + 1, self.max_k)
             elif rate < 0.5:
                 st.k = max(st.k - 1, 1)
-        if st.cost_probe:
+        if st.cost_probe:  # judged on the request's acceptance estimate, not one probe's luck
             st.cost_probe = False
-            failed = num_accepted / num_drafted < self.config.acceptance_threshold
+            failed = self.acceptance(request_id)[0] < self.config.acceptance_threshold
             st.failed_probes = st.failed_probes + 1 if failed else 0
         was_fallback = st.fallback
         self._health(request_id, st, num_drafted, num_accepted)
