@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
-from specdec.models.llama import LlamaModel, rms_norm
+from specdec.models.llama import LlamaModel, apply_rope, rms_norm, rope_tables
 from specdec.models.loader import load_model
 from specdec.runner import attention
 from specdec.runner.attention import AttentionMetadata, SeqAttention, linear, paged_attention, pad_rows
@@ -52,15 +52,62 @@ def test_linear_is_row_invariant(out_features, in_features, dtype, float32_path)
         assert torch.equal(y[offset:offset + 5], linear(padded(x[512:517], align), w)[:5]), f"offset {offset}"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_rms_norm_is_row_invariant(dtype):
+def _kernel_rms_norm(x, w, eps):
+    return attention.kernel.rms_norm(x.clone(), w, eps)
+
+
+@pytest.mark.parametrize("norm,dtype", [(rms_norm, torch.float32), (rms_norm, torch.bfloat16),
+                                        (_kernel_rms_norm, torch.float32)])
+def test_rms_norm_is_row_invariant(norm, dtype):
+    if norm is _kernel_rms_norm and not attention.kernel.available():
+        pytest.skip(f"kernel unavailable: {attention.kernel.unavailable_reason()}")
     g = torch.Generator().manual_seed(1)
     x = torch.randn(512, 1536, generator=g).to(dtype)
     w = torch.rand(1536, generator=g).to(dtype)
-    ref = rms_norm(x, w, 1e-6)
+    ref = norm(x, w, 1e-6)
     for m in ROW_COUNTS:
-        assert torch.equal(rms_norm(x[:m], w, 1e-6), ref[:m])
-        assert torch.equal(rms_norm(x[512 - m:], w, 1e-6), ref[512 - m:])
+        assert torch.equal(norm(x[:m], w, 1e-6), ref[:m])
+        assert torch.equal(norm(x[512 - m:], w, 1e-6), ref[512 - m:])
+
+
+def test_layer_kernels_agree_with_pytorch():
+    """RMSNorm (with its residual add), SwiGLU's activation, RoPE and attention in C++ against the
+    PyTorch ops: RoPE bitwise, the others to float32 rounding."""
+    if not attention.kernel.available():
+        pytest.skip(f"kernel unavailable: {attention.kernel.unavailable_reason()}")
+    kernel = attention.kernel
+    g = torch.Generator().manual_seed(5)
+    h, delta, w = torch.randn(9, 896, generator=g), torch.randn(9, 896, generator=g), torch.rand(896, generator=g)
+    x = h.clone()
+    got = kernel.rms_norm(x, w, 1e-6, delta)
+    assert torch.equal(x, h + delta)  # the residual add, in place
+    torch.testing.assert_close(got, rms_norm(h + delta, w, 1e-6), rtol=1e-6, atol=1e-6)
+
+    gate_up = torch.randn(5, 2 * 4864, generator=g) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(kernel.silu_mul(gate_up), torch.nn.functional.silu(gate) * up, rtol=2e-6, atol=1e-6)
+    assert torch.equal(kernel.silu_mul(gate_up[2:3]), kernel.silu_mul(gate_up)[2:3])
+
+    cfg = type("Cfg", (), {"head_dim": 64, "rope_theta": 10000.0})()
+    cos, sin = rope_tables(cfg, 300, torch.device("cpu"))
+    qkv = torch.randn(6, (14 + 2 * 2) * 64, generator=g)
+    positions = torch.tensor([0, 1, 17, 299, 5, 5])
+    want = apply_rope(qkv[:, :16 * 64].reshape(6, 16, 64), cos[positions], sin[positions])
+    kernel.rope_(qkv[:, :16 * 64].view(6, 16, 64), positions, cos, sin)  # in place on a column slice
+    assert torch.equal(qkv[:, :16 * 64].reshape(6, 16, 64), want)
+
+    heads, kv_heads, d, n = 14, 2, 64, 50
+    q, k, v = (torch.randn(n, hh, d, generator=g) * 3 for hh in (heads, kv_heads, kv_heads))
+    slots = torch.randperm(200, generator=g)[:n]
+    outs = []
+    for use in (True, False):
+        attention.USE_LAYER_KERNELS = use
+        try:
+            outs.append(_attention(q, k, v, (torch.zeros(200, kv_heads, d), torch.zeros(200, kv_heads, d)),
+                                   [(list(range(n)), 0, slots)], kv_heads))
+        finally:
+            attention.USE_LAYER_KERNELS = True
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
 
 def _attention(q, k, v, caches, seqs_spec, num_kv_heads):
@@ -76,8 +123,9 @@ def _attention(q, k, v, caches, seqs_spec, num_kv_heads):
     return paged_attention(q[sel], k[sel], v[sel], caches, meta)[: len(rows)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_attention_same_for_prefill_chunks_decode_and_batch(dtype):
+@pytest.mark.parametrize("dtype,kernels", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, False)])
+def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels, monkeypatch):
+    monkeypatch.setattr(attention, "USE_LAYER_KERNELS", kernels)
     g = torch.Generator().manual_seed(2)
     heads, kv_heads, d, length = 12, 2, 128, 70
     q = torch.randn(length, heads, d, generator=g).to(dtype)
@@ -115,11 +163,12 @@ def _logits(runner, chunks):
     return runner.execute(SchedulerOutput(chunks=chunks, num_batched_tokens=sum(len(c.token_ids) for c in chunks))).logits
 
 
-@pytest.mark.parametrize("precision", ["float32", "float32-mkl", "bfloat16", "int4"])
+@pytest.mark.parametrize("precision", ["float32", "float32-pytorch", "bfloat16", "int4"])
 @pytest.mark.parametrize("arch", ["tiny_qwen", "tiny_llama"])
 def test_model_logits_bitwise_across_batching(arch, precision, request, monkeypatch):
-    if precision == "float32-mkl":
+    if precision == "float32-pytorch":  # as where the C++ kernels do not build: MKL in row blocks, PyTorch ops
         monkeypatch.setattr(attention, "USE_DENSE_KERNEL", False)
+        monkeypatch.setattr(attention, "USE_LAYER_KERNELS", False)
         precision = "float32"
     runner = _runner(request.getfixturevalue(arch), precision)
     g = torch.Generator().manual_seed(3)

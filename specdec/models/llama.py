@@ -5,7 +5,10 @@ Weights arrive fused under our own names (see `param_shapes`): `qkv` is q|k|v st
 is gate|up stacked. Q/K rows are in the rotate-half ("NeoX") layout for every architecture; the
 GGUF loader undoes llama.cpp's interleaving permutation for `llama` files. Every matrix product goes
 through `runner.attention.linear` / `runner.attention.paged_attention`, which keep each token's
-numerics independent of what else shares the forward.
+numerics independent of what else shares the forward. With float32 activations on an AVX2 CPU,
+RMSNorm (with the residual add before it), RoPE and SwiGLU's activation run in the C++ kernels
+(`quant/layer_ops.cpp`):
+as PyTorch ops their dispatch cost more than their arithmetic at one token per forward.
 """
 from __future__ import annotations
 
@@ -14,8 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.quant import kernel
 from specdec.quant.packed import QuantLinear
-from specdec.runner.attention import AttentionMetadata, linear, paged_attention, row_align
+from specdec.runner.attention import AttentionMetadata, layer_kernels, linear, paged_attention, row_align
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
@@ -103,6 +107,20 @@ class LlamaModel:
         self.cos, self.sin = rope_tables(cfg, max_positions, device)
         self.vocab_ids: torch.Tensor | None = None  # set by restrict_vocab
         self.skip_layers = skip_layers
+        self.device = device
+
+    def _kernels(self) -> bool:
+        cfg = self.cfg
+        return (layer_kernels(self.dtype, self.device) and cfg.hidden_size % 8 == 0 and cfg.head_dim % 16 == 0
+                and cfg.intermediate_size % 8 == 0)
+
+    def _norm(self, h: torch.Tensor, weight: torch.Tensor, delta: torch.Tensor | None, fast: bool) -> torch.Tensor:
+        """h += delta (in place: the residual stream), then RMSNorm(h)."""
+        if fast:
+            return kernel.rms_norm(h, weight, self.cfg.rms_norm_eps, delta)
+        if delta is not None:
+            h.add_(delta)
+        return rms_norm(h, weight, self.cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -110,24 +128,34 @@ class LlamaModel:
         Returns final-normed hidden states [num_rows, hidden_size]."""
         cfg, w = self.cfg, self.w
         nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        cos, sin = self.cos[positions], self.sin[positions]
+        fast = self._kernels()
+        if not fast:
+            cos, sin = self.cos[positions], self.sin[positions]
         embed = w["embed"]
         h = embed.embed(input_ids) if isinstance(embed, QuantLinear) else embed[input_ids].to(self.dtype)
+        delta = None  # the last layer's MLP output, added to h by the next norm
         for n in range(cfg.num_layers):
             if n in self.skip_layers:
                 continue
             p = f"layers.{n}."
-            x = rms_norm(h, w[p + "input_norm"], cfg.rms_norm_eps)
+            x = self._norm(h, w[p + "input_norm"], delta, fast)
             qkv = linear(x, w[p + "qkv"], w.get(p + "qkv_bias"))
+            if fast:  # in place on q|k of each row
+                kernel.rope_(qkv[:, :(nh + nkv) * d].view(-1, nh + nkv, d), positions, self.cos, self.sin)
             q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
-            q = apply_rope(q.reshape(-1, nh, d), cos, sin)
-            k = apply_rope(k.reshape(-1, nkv, d), cos, sin)
+            q, k = q.reshape(-1, nh, d), k.reshape(-1, nkv, d)
+            if not fast:
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             attn = paged_attention(q, k, v.reshape(-1, nkv, d), kv_caches[n], meta)
-            h = h + linear(attn, w[p + "o"])
-            x = rms_norm(h, w[p + "post_norm"], cfg.rms_norm_eps)
-            gate, up = linear(x, w[p + "gate_up"]).chunk(2, dim=-1)
-            h = h + linear(F.silu(gate) * up, w[p + "down"])
-        return rms_norm(h, w["norm"], cfg.rms_norm_eps)
+            x = self._norm(h, w[p + "post_norm"], linear(attn, w[p + "o"]), fast)
+            gate_up = linear(x, w[p + "gate_up"])
+            if fast:
+                act = kernel.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                act = F.silu(gate) * up
+            delta = linear(act, w[p + "down"])
+        return self._norm(h, w["norm"], delta, fast)
 
     def restrict_vocab(self, ids: torch.Tensor) -> None:
         """Score only these token ids from now on (a draft's sub-vocabulary); the rest get -inf."""

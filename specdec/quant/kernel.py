@@ -1,8 +1,9 @@
-"""The AVX2 linear kernels (`qlinear.cpp`: quantized weights, and dense float32 weights): built with
-the system C++ compiler on first use into $SPECDEC_HOME/kernels (keyed by the source's hash,
-written under a temporary name, then renamed), loaded with ctypes. Where it cannot be built (no
-compiler, no AVX2, not x86), `available()` says why: the pure-PyTorch path in `packed.py` runs
-instead, and float32 uses MKL in row blocks."""
+"""The AVX2 CPU kernels, one library: `qlinear.cpp` (linear layers: quantized weights, and dense float32
+weights) and `layer_ops.cpp` (RMSNorm, rotary embeddings, paged attention). Built with the system
+C++ compiler on first use into $SPECDEC_HOME/kernels (keyed by the sources' hash, written under a
+temporary name, then renamed), loaded with ctypes. Where it cannot be built (no compiler, no AVX2,
+not x86), `available()` says why: the pure-PyTorch paths run instead (`packed.py`, `models/llama.py`,
+`runner/attention.py`), and float32 uses MKL in row blocks."""
 from __future__ import annotations
 
 import ctypes
@@ -19,8 +20,8 @@ import torch
 
 from specdec.config import specdec_home
 
-SOURCE = Path(__file__).with_name("qlinear.cpp")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+SOURCES = [Path(__file__).with_name("qlinear.cpp"), Path(__file__).with_name("layer_ops.cpp")]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 
 
 def _cpu_has_avx2() -> bool:
@@ -32,7 +33,7 @@ def _cpu_has_avx2() -> bool:
 
 
 def library_path() -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
     return specdec_home() / "kernels" / f"qlinear-{digest}.so"
 
 
@@ -49,11 +50,11 @@ def build(verbose: bool = True) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     if verbose:
-        print(f"building the CPU kernels: {cxx} {SOURCE.name} -> {out}", file=sys.stderr)
+        print(f"building the CPU kernels: {cxx} {' '.join(f.name for f in SOURCES)} -> {out}", file=sys.stderr)
     try:
-        proc = subprocess.run([cxx, *FLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
+        proc = subprocess.run([cxx, *FLAGS, "-o", str(tmp), *map(str, SOURCES)], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"compiling {SOURCE.name} failed:\n{proc.stderr[-2000:]}")
+            raise RuntimeError(f"compiling the CPU kernels failed:\n{proc.stderr[-2000:]}")
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
@@ -75,6 +76,13 @@ def _library() -> ctypes.CDLL | str:
     lib.qlinear.restype = ctypes.c_int
     lib.dense_linear.argtypes = [p, i64, i64, p, i64, p, i64, ctypes.c_int]
     lib.dense_linear.restype = ctypes.c_int
+    f32 = ctypes.c_float
+    lib.rms_norm.argtypes = [p, i64, p, i64, i64, i64, p, f32, p, ctypes.c_int]
+    lib.rope.argtypes = [p, i64, i64, i64, i64, p, p, p]
+    lib.attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p, p, f32, p, ctypes.c_int]
+    lib.silu_mul.argtypes = [p, i64, i64, p, ctypes.c_int]
+    for f in (lib.rms_norm, lib.rope, lib.attention, lib.silu_mul):
+        f.restype = None
     return lib
 
 
@@ -119,3 +127,55 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> No
                           out.stride(0), torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"dense_linear: k = {x.shape[1]} is not a multiple of 8")
+
+
+def _lib() -> ctypes.CDLL:
+    lib = _library()
+    assert not isinstance(lib, str), lib
+    return lib
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of each row of x [rows, h] (float32, unit column stride, h a multiple of 8) -> a new
+    [rows, h] tensor. With `delta`, x += delta first, in place (the residual add)."""
+    assert x.dtype == weight.dtype == torch.float32 and x.stride(1) == 1 and weight.is_contiguous()
+    assert delta is None or (delta.dtype == torch.float32 and delta.stride(1) == 1 and delta.shape == x.shape)
+    out = torch.empty(x.shape, dtype=torch.float32)
+    _lib().rms_norm(x.data_ptr(), x.stride(0), delta.data_ptr() if delta is not None else None,
+                    delta.stride(0) if delta is not None else 0, x.shape[0], x.shape[1], weight.data_ptr(),
+                    eps, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate-half rotary embedding in place. x: [rows, heads, d] float32 with contiguous heads (a
+    column slice of a wider row is fine), d a multiple of 16; positions: [rows] int64; cos, sin:
+    [max_positions, d] float32 contiguous."""
+    assert x.dtype == cos.dtype == sin.dtype == torch.float32 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+    assert positions.dtype == torch.int64 and positions.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+    _lib().rope(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], x.shape[2], positions.data_ptr(),
+                cos.data_ptr(), sin.data_ptr())
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate|up side by side: [rows, 2 n] float32 contiguous -> [rows, n], n a
+    multiple of 8."""
+    assert gate_up.dtype == torch.float32 and gate_up.is_contiguous() and gate_up.shape[1] % 16 == 0
+    rows, n = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, n, dtype=torch.float32)
+    _lib().silu_mul(gate_up.data_ptr(), rows, n, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx_slots: torch.Tensor,
+              ctx_start: torch.Tensor, ctx_len: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+    """Causal attention of rows [0, len(ctx_len)) of q [rows, num_heads, d] (contiguous heads) over
+    their own contexts: row r reads the cache slots ctx_slots[ctx_start[r]:ctx_start[r] + ctx_len[r]].
+    k_cache, v_cache: [slots, num_kv_heads, d] float32 contiguous; out: [>= rows, num_heads * d]
+    contiguous, its first rows written."""
+    assert q.dtype == k_cache.dtype == v_cache.dtype == out.dtype == torch.float32
+    assert q.stride(2) == 1 and q.stride(1) == q.shape[2] and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert out.is_contiguous() and all(t.dtype == torch.int64 and t.is_contiguous() for t in (ctx_slots, ctx_start, ctx_len))
+    _lib().attention(q.data_ptr(), q.stride(0), ctx_len.shape[0], q.shape[1], k_cache.shape[1], q.shape[2],
+                     k_cache.data_ptr(), v_cache.data_ptr(), ctx_slots.data_ptr(), ctx_start.data_ptr(),
+                     ctx_len.data_ptr(), scale, out.data_ptr(), torch.get_num_threads())

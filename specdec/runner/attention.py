@@ -11,6 +11,8 @@ there is more than one query row. So:
   * int4 (specdec.quant) reduces every output in a fixed order as well, so its rows are not padded.
   * attention runs one query token at a time, unmasked, over exactly its own context; its G query
     heads per KV head ride along as G query rows, so repeated K/V heads are never materialized.
+    With float32 caches on an AVX2 CPU this is specdec's own kernel (`layer_ops.cpp`), which reads
+    K/V through the slots in place; otherwise one SDPA call per query row.
 bfloat16 GEMM was row-invariant as it is, so it uses F.linear. tests/test_batch_invariance.py checks
 all of this bitwise.
 """
@@ -40,6 +42,12 @@ def _dense_kernel(device: torch.device) -> bool:
 
 
 USE_DENSE_KERNEL = True  # tests switch it off to check the MKL fallback
+USE_LAYER_KERNELS = True  # RMSNorm, RoPE, attention in C++ (tests switch it off to check PyTorch's path)
+
+
+def layer_kernels(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether RMSNorm, RoPE and attention run in `layer_ops.cpp` for these activations."""
+    return USE_LAYER_KERNELS and dtype == torch.float32 and device.type == "cpu" and kernel.available()
 
 
 def pad_rows(n: int, align: int = ROW_ALIGN) -> int:
@@ -84,6 +92,22 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_real_rows] where each new token's K/V goes
     seqs: list[SeqAttention]
     num_rows: int               # padded row count
+    _row_contexts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def row_contexts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(every sequence's context slots, concatenated; each row's start in them; each row's context
+        length, 0 for padding rows), for the attention kernel; built once per forward."""
+        if self._row_contexts is None:
+            start, length = [0] * self.num_rows, [0] * self.num_rows
+            offset = 0
+            for seq in self.seqs:
+                for i in range(seq.num_new):
+                    start[seq.row_start + i] = offset
+                    length[seq.row_start + i] = seq.start_position + i + 1
+                offset += seq.context_slots.shape[0]
+            slots = torch.cat([seq.context_slots for seq in self.seqs]) if self.seqs else self.slot_mapping
+            self._row_contexts = (slots.to(torch.int64).contiguous(), torch.tensor(start), torch.tensor(length))
+        return self._row_contexts
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -97,6 +121,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     k_cache.index_copy_(0, meta.slot_mapping, k[:num_real].to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v[:num_real].to(v_cache.dtype))
     num_heads, head_dim = q.shape[1], q.shape[2]
+    if (layer_kernels(q.dtype, q.device) and k_cache.dtype == torch.float32 and head_dim % 8 == 0
+            and q.stride(1) == head_dim and q.stride(2) == 1):
+        out = torch.empty(q.shape[0], num_heads * head_dim, dtype=q.dtype)
+        kernel.attention(q, k_cache, v_cache, *meta.row_contexts(), head_dim ** -0.5, out)
+        return out
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
     out = torch.zeros(q.shape[0], num_heads * head_dim, dtype=q.dtype, device=q.device)

@@ -1,0 +1,193 @@
+// The decoder's float32 glue for AVX2 CPUs: RMSNorm (with the residual add), rotary embeddings and
+// paged attention. In PyTorch each is a handful of small ops, and at one token per forward their
+// dispatch costs more than their arithmetic (a quarter of a 1.5B int4 decode step); attention also
+// gathered every context token's K/V per layer and ran one SDPA call per query row.
+//
+// Batch invariance by construction, as in qlinear.cpp: each row's result is computed by one thread
+// in a fixed order, whatever the number of rows or what else shares the forward.
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+
+#include <vector>
+
+namespace {
+
+inline float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+// exp: Cephes' range reduction and polynomial, about 1 ulp; below -87 the result is 0, above 88 it
+// saturates at exp(88).
+inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple of 8
+    __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b)), s1 = _mm256_setzero_ps();
+    int64_t i = 8;
+    for (; i + 16 <= n; i += 16) {
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s1);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s0);
+    }
+    if (i < n) s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s1);
+    return hsum8(_mm256_add_ps(s0, s1));
+}
+
+}  // namespace
+
+extern "C" {
+
+// x: [rows, h] (row stride ldx), w: [h], out: [rows, h] contiguous; h a multiple of 8.
+// delta != null: x += delta first (the residual add, in place; delta row stride ldd).
+// out = w * (x * (1 / sqrt(mean(x^2) + eps))), the reference implementations' order of operations.
+void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t rows, int64_t h, const float* w,
+              float eps, float* out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        float* xr = x + r * ldx;
+        if (delta)
+            for (int64_t i = 0; i < h; i += 8)
+                _mm256_storeu_ps(xr + i, _mm256_add_ps(_mm256_loadu_ps(xr + i), _mm256_loadu_ps(delta + r * ldd + i)));
+        __m256 ss = _mm256_setzero_ps();
+        for (int64_t i = 0; i < h; i += 8) {
+            __m256 v = _mm256_loadu_ps(xr + i);
+            ss = _mm256_fmadd_ps(v, v, ss);
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum8(ss) / (float)h + eps));
+        for (int64_t i = 0; i < h; i += 8)
+            _mm256_storeu_ps(out + r * h + i,
+                             _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), inv)));
+    }
+}
+
+// Rotate-half ("NeoX") rotary embedding in place on `heads` heads of each row: x: [rows, heads, d]
+// with row stride ldx; cos, sin: [max_positions, d]; positions: [rows]. d a multiple of 16.
+// out1 = x1 * cos1 - x2 * sin1, out2 = x2 * cos2 + x1 * sin2 (separate multiplies, no FMA: the same
+// rounding as the PyTorch formula).
+void rope(float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t d, const int64_t* positions,
+          const float* cos, const float* sin) {
+    const int64_t half = d / 2;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* c = cos + positions[r] * d;
+        const float* s = sin + positions[r] * d;
+        for (int64_t hd = 0; hd < heads; ++hd) {
+            float* p = x + r * ldx + hd * d;
+            for (int64_t i = 0; i < half; i += 8) {
+                __m256 x1 = _mm256_loadu_ps(p + i), x2 = _mm256_loadu_ps(p + half + i);
+                __m256 o1 = _mm256_sub_ps(_mm256_mul_ps(x1, _mm256_loadu_ps(c + i)),
+                                          _mm256_mul_ps(x2, _mm256_loadu_ps(s + i)));
+                __m256 o2 = _mm256_add_ps(_mm256_mul_ps(x2, _mm256_loadu_ps(c + half + i)),
+                                          _mm256_mul_ps(x1, _mm256_loadu_ps(s + half + i)));
+                _mm256_storeu_ps(p + i, o1);
+                _mm256_storeu_ps(p + half + i, o2);
+            }
+        }
+    }
+}
+
+// SwiGLU's activation: out[r, i] = silu(gate[r, i]) * up[r, i], silu(g) = g / (1 + exp(-g)), with
+// gate|up side by side in each row of x: [rows, 2 * n]; out: [rows, n]. n a multiple of 8.
+void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * n >= 65536)
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < n; i += 8) {
+            __m256 g = _mm256_loadu_ps(x + r * 2 * n + i), u = _mm256_loadu_ps(x + r * 2 * n + n + i);
+            __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+            _mm256_storeu_ps(out + r * n + i, _mm256_mul_ps(silu, u));
+        }
+}
+
+// Causal attention of each query row over exactly its own context, read through the cache slots.
+// q: [rows, num_heads, d] (row stride ldq); k_cache, v_cache: [slots, num_kv_heads, d];
+// ctx_slots: the slots of every row's context, row r's at ctx_slots[ctx_start[r] .. + ctx_len[r]];
+// out: [rows, num_heads * d] contiguous. The num_heads / num_kv_heads query heads sharing a KV head
+// are done together (each K/V vector is read once for them). scores = q.k * scale; softmax with the
+// maximum subtracted; out = sum_t p_t v_t, with p normalized first. d a multiple of 8.
+void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
+               const float* k_cache, const float* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
+               const int64_t* ctx_len, float scale, float* out, int threads) {
+    const int64_t group = num_heads / num_kv_heads;
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<float> scores, acc(group * d);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < rows * num_kv_heads; ++task) {
+            const int64_t r = task / num_kv_heads, kvh = task % num_kv_heads;
+            const int64_t len = ctx_len[r];
+            const int64_t* slots = ctx_slots + ctx_start[r];
+            const float* qh = q + r * ldq + kvh * group * d;
+            scores.resize(group * len);
+            for (int64_t t = 0; t < len; ++t) {
+                const float* kp = k_cache + (slots[t] * num_kv_heads + kvh) * d;
+                for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(qh + g * d, kp, d) * scale;
+            }
+            for (int64_t g = 0; g < group; ++g) {
+                float* s = scores.data() + g * len;
+                __m256 mv = _mm256_set1_ps(-INFINITY);
+                int64_t t = 0;
+                for (; t + 8 <= len; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
+                float m = hmax8(mv);
+                for (int64_t u = t; u < len; ++u) m = s[u] > m ? s[u] : m;
+                const __m256 m8 = _mm256_set1_ps(m);
+                __m256 sum8 = _mm256_setzero_ps();
+                for (t = 0; t + 8 <= len; t += 8) {
+                    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), m8));
+                    _mm256_storeu_ps(s + t, e);
+                    sum8 = _mm256_add_ps(sum8, e);
+                }
+                float sum = hsum8(sum8);
+                if (t < len) {  // the last 1-7 scores, padded
+                    float tail[8];
+                    for (int u = 0; u < 8; ++u) tail[u] = t + u < len ? s[t + u] - m : -INFINITY;
+                    _mm256_storeu_ps(tail, exp8(_mm256_loadu_ps(tail)));
+                    for (int64_t u = t; u < len; ++u) { s[u] = tail[u - t]; sum += s[u]; }
+                }
+                const __m256 inv = _mm256_set1_ps(sum);
+                for (t = 0; t + 8 <= len; t += 8) _mm256_storeu_ps(s + t, _mm256_div_ps(_mm256_loadu_ps(s + t), inv));
+                for (; t < len; ++t) s[t] /= sum;
+            }
+            for (int64_t i = 0; i < group * d; i += 8) _mm256_storeu_ps(acc.data() + i, _mm256_setzero_ps());
+            for (int64_t t = 0; t < len; ++t) {
+                const float* vp = v_cache + (slots[t] * num_kv_heads + kvh) * d;
+                for (int64_t g = 0; g < group; ++g) {
+                    const __m256 p = _mm256_set1_ps(scores[g * len + t]);
+                    float* a = acc.data() + g * d;
+                    for (int64_t i = 0; i < d; i += 8)
+                        _mm256_storeu_ps(a + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + i), _mm256_loadu_ps(a + i)));
+                }
+            }
+            float* o = out + r * num_heads * d + kvh * group * d;
+            for (int64_t i = 0; i < group * d; ++i) o[i] = acc[i];
+        }
+    }
+}
+
+}  // extern "C"
