@@ -156,6 +156,7 @@ class LLMEngine:
             self.poll_drafts()
         t0, self._step_explored = time.perf_counter(), False
         planned = self._plan_speculation()
+        emitted_before = {rid: len(self.requests[rid].output_token_ids) for rid in planned}
         sched = self.scheduler.schedule()
         for rid in sched.preempted_request_ids:
             for proposer in self.proposers.values():
@@ -165,10 +166,11 @@ class LLMEngine:
         self._propose(sched)
         out = self.runner.execute(sched)
         outputs = self._update(sched, out)
-        self._record_step(sched, planned, time.perf_counter() - t0)
+        self._record_step(sched, planned, time.perf_counter() - t0, emitted_before)
         return outputs
 
-    def _record_step(self, sched: SchedulerOutput, planned: dict[str, tuple[str, int]], seconds: float) -> None:
+    def _record_step(self, sched: SchedulerOutput, planned: dict[str, tuple[str, int]], seconds: float,
+                     emitted_before: dict[str, int]) -> None:
         """A pure decode step whose requests share one proposer and one k, none of them catching up on
         more than a step's tokens (the last draft and the bonus token of a fully accepted step), no
         forward on a thread count being tried: its wall time calibrates that controller's predicted
@@ -179,7 +181,13 @@ class LLMEngine:
         if len(shape) == 1 and caught_up and not self._step_explored:
             (method, k), = shape
             if method in self.controllers:
-                self.controllers[method].record_step(k, len(sched.chunks), seconds)
+                controller, batch = self.controllers[method], len(sched.chunks)
+                controller.record_step(k, batch, seconds)
+                for c in sched.chunks:
+                    req = self.requests.get(c.request_id)
+                    if req is not None and c.request_id in emitted_before:
+                        tokens = len(req.output_token_ids) - emitted_before[c.request_id]
+                        controller.record_request_step(c.request_id, k, batch, seconds, tokens)
 
     def _plan_speculation(self) -> dict[str, tuple[str, int]]:
         """Sets each decoding request's k; returns {request id: (proposer id, catch-up tokens)}."""

@@ -488,6 +488,32 @@ def test_cost_model_learns_what_whole_steps_cost():
     assert d.step_ratio == {} and d._step_cost(2, 1) == d._forward_cost(2, 1)
 
 
+def test_speculation_that_loses_in_wall_time_holds_plain_decoding():
+    """Whatever the forward costs predict, a request whose speculative steps cost more wall time per
+    emitted token than a plain step holds plain decoding for a probe interval, doubled each time;
+    steps that win leave it speculating. Deterministic mode ignores wall times."""
+    cfg = SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, reprobe_interval=8)
+    c = _measured(cfg, ((1, 0.20), (2, 0.27), (5, 0.50), (40, 3.2)), ((1, 0.05),), accepted=1)
+    k = c.next_k("r", 10, 1, remaining=1000)
+    assert k > 0
+    plain = c._step_cost(0, 1)
+    for _ in range(4):  # winning: 2 tokens for 1.5 plain steps
+        c.record_request_step("r", k, 1, 1.5 * plain, 2)
+    assert c.states["r"].hold == 0 and c.next_k("r", 11, 1, remaining=1000) > 0
+    for _ in range(4):  # losing: 2 tokens for 2.2 plain steps
+        c.record_request_step("r", k, 1, 2.2 * plain, 2)
+    assert c.states["r"].hold == 8
+    assert [c.next_k("r", 12 + i, 1, remaining=1000) for i in range(8)] == [0] * 8
+    assert c.next_k("r", 20, 1, remaining=1000) > 0  # the prediction decides again ...
+    for _ in range(4):
+        c.record_request_step("r", k, 1, 2.2 * plain, 2)
+    assert c.states["r"].hold == 16  # ... and losing again waits twice as long
+    d = SpecController(SpeculativeConfig(num_speculative_tokens=4, deterministic=True))
+    for _ in range(8):
+        d.record_request_step("r", 2, 1, 100.0, 1)
+    assert d._state("r").hold == 0
+
+
 def test_engine_times_whole_decode_steps_for_the_cost_model(tiny_qwen):
     cfg = engine_config(str(tiny_qwen))
     cfg.speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=3, policy="fixed")
@@ -508,6 +534,7 @@ def test_forwards_on_a_thread_count_being_tried_are_no_cost_measurement(tiny_qwe
     llm = LLM(config=cfg, progress=False)
     tuner = llm.engine.runner.tuner = ThreadTuner(2)
     for rows in (1, 4, 64):
+        tuner.record(rows, 2, 0.01)  # a warm-up, not measured
         tuner.record(rows, 2, 0.01)
     # every forward tries the count that is not the best so far
     monkeypatch.setattr(tuner, "choose", lambda rows: 1 if tuner.best(rows) == 2 else 2)

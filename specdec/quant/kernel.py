@@ -21,6 +21,7 @@ import torch
 from specdec.config import specdec_home
 
 SOURCES = [Path(__file__).with_name("qlinear.cpp"), Path(__file__).with_name("layer_ops.cpp")]
+HEADERS = [Path(__file__).with_name("simd.h")]  # included by the sources: part of the build's hash
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 
 
@@ -33,7 +34,7 @@ def _cpu_has_avx2() -> bool:
 
 
 def library_path() -> Path:
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS) + " ".join(FLAGS).encode()).hexdigest()[:16]
     return specdec_home() / "kernels" / f"qlinear-{digest}.so"
 
 

@@ -12,15 +12,11 @@
 
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
-inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
+using simd::hsum;
 
 inline float hmax8(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -57,7 +53,7 @@ inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple o
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s0);
     }
     if (i < n) s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s1);
-    return hsum8(_mm256_add_ps(s0, s1));
+    return hsum(_mm256_add_ps(s0, s1));
 }
 
 }  // namespace
@@ -80,7 +76,7 @@ void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t ro
             __m256 v = _mm256_loadu_ps(xr + i);
             ss = _mm256_fmadd_ps(v, v, ss);
         }
-        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum8(ss) / (float)h + eps));
+        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(ss) / (float)h + eps));
         for (int64_t i = 0; i < h; i += 8)
             _mm256_storeu_ps(out + r * h + i,
                              _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), inv)));
@@ -163,7 +159,7 @@ void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int
                     _mm256_storeu_ps(s + t, e);
                     sum8 = _mm256_add_ps(sum8, e);
                 }
-                float sum = hsum8(sum8);
+                float sum = hsum(sum8);
                 if (t < len) {  // the last 1-7 scores, padded
                     float tail[8];
                     for (int u = 0; u < 8; ++u) tail[u] = t + u < len ? s[t + u] - m : -INFINITY;

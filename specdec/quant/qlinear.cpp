@@ -12,15 +12,11 @@
 
 #include <type_traits>
 
+#include "simd.h"
+
 namespace {
 
-inline float hsum(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
+using simd::hsum;
 
 // The offsets' contribution: sum over groups of offset[g] * (sum of x over group g), in a fixed order.
 inline float offset_dot(const float* offset, const float* xs, int64_t groups) {

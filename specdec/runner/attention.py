@@ -18,7 +18,7 @@ all of this bitwise.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -42,11 +42,12 @@ def _dense_kernel(device: torch.device) -> bool:
 
 
 USE_DENSE_KERNEL = True  # tests switch it off to check the MKL fallback
-USE_LAYER_KERNELS = True  # RMSNorm, RoPE, attention in C++ (tests switch it off to check PyTorch's path)
+USE_LAYER_KERNELS = True  # the decoder's glue in C++ (tests switch it off to check PyTorch's path)
 
 
 def layer_kernels(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether RMSNorm, RoPE and attention run in `layer_ops.cpp` for these activations."""
+    """Whether RMSNorm, RoPE, SwiGLU's activation and attention run in `layer_ops.cpp` for these
+    activations."""
     return USE_LAYER_KERNELS and dtype == torch.float32 and device.type == "cpu" and kernel.available()
 
 
@@ -92,7 +93,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_real_rows] where each new token's K/V goes
     seqs: list[SeqAttention]
     num_rows: int               # padded row count
-    _row_contexts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    _row_contexts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     def row_contexts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(every sequence's context slots, concatenated; each row's start in them; each row's context
@@ -122,7 +123,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     v_cache.index_copy_(0, meta.slot_mapping, v[:num_real].to(v_cache.dtype))
     num_heads, head_dim = q.shape[1], q.shape[2]
     if (layer_kernels(q.dtype, q.device) and k_cache.dtype == torch.float32 and head_dim % 8 == 0
-            and q.stride(1) == head_dim and q.stride(2) == 1):
+            and q.stride(1) == head_dim and q.stride(2) == 1 and q.shape[0] == meta.num_rows):
         out = torch.empty(q.shape[0], num_heads * head_dim, dtype=q.dtype)
         kernel.attention(q, k_cache, v_cache, *meta.row_contexts(), head_dim ** -0.5, out)
         return out

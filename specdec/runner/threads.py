@@ -5,7 +5,11 @@ kernel is fastest on all cores, but once another process takes a core, a one-row
 step) often runs faster on one thread, because a parallel call waits at its end for a worker the OS
 has descheduled; several rows still gain from two. So each runner keeps, for one-row forwards, a
 moving average of seconds for each thread count, uses the best, and now and then tries the others,
-which follows a competing process as it comes and goes. Forwards of several rows (verification,
+which follows a competing process as it comes and goes. The first forward on each count only warms
+it up and is not measured: a process's first forwards page the weights in and start the thread
+pool, and one such cold forward once made one thread look faster than two, which the moving average
+then took hundreds of forwards to undo (a speculating engine, whose one-row forwards are rare,
+decoded its plain steps on one thread at 1.7x the cost). Forwards of several rows (verification,
 prefill) always take every core: they were faster on all cores in every measured condition, and
 trying one thread on a 600-token prefill would cost seconds. Thread counts never change a result:
 every kernel reduces each output on one thread (tests/test_threads.py checks logits bitwise).
@@ -33,6 +37,7 @@ class ThreadTuner:
         self.probe_every, self.alpha = probe_every, alpha
         self.cost: dict[tuple[int, int], float] = {}  # (size class, threads) -> seconds per row (EMA)
         self.forwards: dict[int, int] = {}            # size class -> forwards so far
+        self.warm: set[tuple[int, int]] = set()       # (size class, threads) that ran a forward already
 
     def best(self, rows: int) -> int | None:
         c = size_class(rows)
@@ -59,6 +64,9 @@ class ThreadTuner:
 
     def record(self, rows: int, threads: int, seconds: float) -> None:
         key = (size_class(rows), threads)
+        if key not in self.warm:  # the warm-up forward (see the module docstring)
+            self.warm.add(key)
+            return
         per_row = seconds / rows
         old = self.cost.get(key)
         self.cost[key] = per_row if old is None else (1 - self.alpha) * old + self.alpha * per_row

@@ -29,7 +29,10 @@ Policies (SpeculativeConfig.policy):
     draft's extra row after an accepted step, scheduling), and that share differs between plain and
     speculative steps; so each predicted step cost is scaled by the measured ratio of whole-step wall
     time to predicted forward time for its k (`record_step`), and a k that loses in practice stops
-    being chosen even where the forward costs alone say it wins.
+    being chosen even where the forward costs alone say it wins. A last check needs no model at all:
+    when a request's last `_REALIZED_WINDOW` speculative steps cost more wall time per emitted token
+    than a plain step is predicted to cost (`record_request_step`), it decodes plainly for a probe
+    interval, doubled each time this repeats, whatever the prediction says.
     With `deterministic=True` the costs are static (draft_cost_ratio, verify_cost_slope,
     prefill_cost_ratio), so k depends on acceptance counts alone and a seed fixes the text, not only
     its distribution.
@@ -52,6 +55,7 @@ from specdec.runner.attention import ROW_ALIGN, pad_rows
 log = logging.getLogger("specdec.spec")
 _PRIOR_ACCEPTANCE = 0.6   # before this engine has seen any verification
 _GLOBAL_DECAY = 0.99      # engine-wide counts forget slowly: they are the prior for new requests
+_REALIZED_WINDOW = 4      # speculative steps whose wall time per token must beat a plain step's
 
 
 def predicted_speedup(acceptance: list[float], k: int, c: float, verify_ratio: float) -> float:
@@ -117,6 +121,10 @@ class RequestSpecState:
     probing: bool = False       # the health check's re-probe is out
     cost_probe: bool = False    # the cost model's probe is out
     failed_probes: int = 0      # probes in a row that found acceptance below the threshold
+    hold: int = 0               # plain steps left after speculation lost in practice
+    # the last speculative steps: (this request's share of the wall seconds, tokens it emitted,
+    # its share of a plain step's predicted seconds)
+    realized: deque = field(default_factory=lambda: deque(maxlen=_REALIZED_WINDOW))
     disabled: bool = False      # the proposer failed for this request
     guard_countdown: int = 0    # long-output guard: plain steps left before the next round
     tokens: int = 0             # decode tokens produced while this proposer served the request ...
@@ -190,6 +198,9 @@ class SpecController:
             st.guard_countdown = cfg.plain_interval_steps
         if cfg.policy != "cost_model":
             return st.k
+        if st.hold > 0:  # speculation lost in practice: plain for a while, whatever the prediction
+            st.hold -= 1
+            return 0
         k, seconds_per_token = self._best_k(request_id, batch_size)
         if k and remaining is not None and catch_up > self.max_k + 1:
             saving = remaining * (seconds_per_token[0] - seconds_per_token[k])
@@ -364,6 +375,28 @@ class SpecController:
         self.step_ratio[k] = ratio if old is None else (1 - alpha) * old + alpha * ratio
         if k:
             self._last_spec_ratio = self.step_ratio[k]
+
+    def record_request_step(self, request_id: str, k: int, batch_size: int, seconds: float, tokens: int) -> None:
+        """A whole decode step (as in `record_step`) in which this request drafted k tokens and emitted
+        `tokens`. Over its last few such steps, the wall time per emitted token must beat what a
+        plain step is predicted to cost; if not, the request holds plain decoding for a probe interval
+        and the interval doubles (cost_model only; deterministic mode ignores wall times)."""
+        cfg = self.config
+        if k == 0 or cfg.policy != "cost_model" or cfg.deterministic or self._unit(batch_size) is None:
+            return
+        st = self._state(request_id)
+        st.realized.append((seconds / batch_size, tokens, self._step_cost(0, batch_size) / batch_size))
+        if len(st.realized) < st.realized.maxlen:
+            return
+        spent = sum(s for s, _, _ in st.realized)
+        emitted = sum(t for _, t, _ in st.realized)
+        plain = sum(p for _, _, p in st.realized) / len(st.realized)
+        if spent > plain * emitted:
+            st.hold = self._probe_interval(st)
+            st.failed_probes += 1
+            st.realized.clear()
+            log.info("request %s: speculation cost %.3f s a token against %.3f s plain; plain for %d steps",
+                     request_id, spent / emitted, plain, st.hold)
 
     def disable(self, request_id: str) -> None:
         self._state(request_id).disabled = True
