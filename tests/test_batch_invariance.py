@@ -12,7 +12,13 @@ from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.models.llama import LlamaModel, apply_rope, rms_norm, rope_tables
 from specdec.models.loader import load_model
 from specdec.runner import attention
-from specdec.runner.attention import AttentionMetadata, SeqAttention, linear, paged_attention, pad_rows
+from specdec.runner.attention import (
+    AttentionMetadata,
+    SeqAttention,
+    linear,
+    pad_rows,
+    paged_attention,
+)
 from specdec.runner.model_runner import ModelRunner
 
 ROW_COUNTS = list(range(1, 17)) + [64, 512]

@@ -3,8 +3,8 @@ stops inside accepted blocks, seeds, penalties, proposer failures, and the contr
 from __future__ import annotations
 
 import pytest
-
 from conftest import engine_config
+
 from specdec.config import SpeculativeConfig
 from specdec.llm import LLM
 from specdec.sampling_params import SamplingParams

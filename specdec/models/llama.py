@@ -7,8 +7,8 @@ GGUF loader undoes llama.cpp's interleaving permutation for `llama` files. Every
 through `runner.attention.linear` / `runner.attention.paged_attention`, which keep each token's
 numerics independent of what else shares the forward. With float32 activations on an AVX2 CPU,
 RMSNorm (with the residual add before it), RoPE and SwiGLU's activation run in the C++ kernels
-(`quant/layer_ops.cpp`):
-as PyTorch ops their dispatch cost more than their arithmetic at one token per forward.
+(`quant/layer_ops.cpp`): as PyTorch ops their dispatch cost more than their arithmetic at one token
+per forward.
 """
 from __future__ import annotations
 
@@ -19,7 +19,13 @@ import torch.nn.functional as F
 
 from specdec.quant import kernel
 from specdec.quant.packed import QuantLinear
-from specdec.runner.attention import AttentionMetadata, layer_kernels, linear, paged_attention, row_align
+from specdec.runner.attention import (
+    AttentionMetadata,
+    layer_kernels,
+    linear,
+    paged_attention,
+    row_align,
+)
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 

@@ -1,5 +1,5 @@
 """The AVX2 CPU kernels, one library: `qlinear.cpp` (linear layers: quantized weights, and dense float32
-weights) and `layer_ops.cpp` (RMSNorm, rotary embeddings, paged attention). Built with the system
+weights) and `layer_ops.cpp` (RMSNorm, rotary embeddings, SwiGLU's activation, paged attention). Built with the system
 C++ compiler on first use into $SPECDEC_HOME/kernels (keyed by the sources' hash, written under a
 temporary name, then renamed), loaded with ctypes. Where it cannot be built (no compiler, no AVX2,
 not x86), `available()` says why: the pure-PyTorch paths run instead (`packed.py`, `models/llama.py`,
@@ -87,6 +87,12 @@ def _library() -> ctypes.CDLL | str:
     return lib
 
 
+def _lib() -> ctypes.CDLL:
+    lib = _library()
+    assert not isinstance(lib, str), lib
+    return lib
+
+
 def available() -> bool:
     return not isinstance(_library(), str)
 
@@ -104,8 +110,7 @@ def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: 
     act8: x is first quantized to int8 per 32 values and the dot products are integer (int4-a8);
     with sub ([n, k / group] int16) and super_scale ([n, k / 256] float32), scale == super_scale * sub
     per 256 values (Q4_K, Q6_K) and x is quantized per 256 values: one integer sum per super-block."""
-    lib = _library()
-    assert not isinstance(lib, str), lib
+    lib = _lib()
     assert x.dtype == torch.float32 and x.is_contiguous() and out.stride(1) == 1
     assert sub is None or (sub.dtype == torch.int16 and sub.is_contiguous() and super_scale is not None)
     rc = lib.qlinear(x.data_ptr(), x.shape[0], x.shape[1], bits, group, codes.data_ptr(), scale.data_ptr(),
@@ -120,20 +125,13 @@ def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
     """out = x @ weight.T for float32 x [rows, k] and weight [n, k], both contiguous, k a multiple of 8;
     out: [rows, n] with unit column stride. Batch-invariant: each output's sum runs in a fixed order."""
-    lib = _library()
-    assert not isinstance(lib, str), lib
+    lib = _lib()
     assert x.dtype == weight.dtype == torch.float32 and x.is_contiguous() and weight.is_contiguous()
     assert out.stride(1) == 1 and out.shape == (x.shape[0], weight.shape[0])
     rc = lib.dense_linear(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], out.data_ptr(),
                           out.stride(0), torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"dense_linear: k = {x.shape[1]} is not a multiple of 8")
-
-
-def _lib() -> ctypes.CDLL:
-    lib = _library()
-    assert not isinstance(lib, str), lib
-    return lib
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None) -> torch.Tensor:

@@ -40,8 +40,8 @@ Policies (SpeculativeConfig.policy):
 Health check (every policy): when a request's acceptance over its last `health_window` drafting steps
 falls below `acceptance_threshold`, it falls back to plain decoding, logs a warning and counts an
 alert; every `reprobe_interval` plain steps (doubled after each failed probe, up to 16 times) it
-re-probes with `reprobe_k` drafts and resumes when the probe's acceptance clears the threshold. Under exact verification none of this changes the output,
-only the speed; the same holds for the long-output guard (plain_interval_after / _steps).
+re-probes with `reprobe_k` drafts and resumes when the probe's acceptance clears the threshold.
+Under exact verification none of this changes the output, only the speed; the same holds for the long-output guard (plain_interval_after / _steps).
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ class RequestSpecState:
     plain_steps: int = 0        # plain steps since the fallback / last probe
     probing: bool = False       # the health check's re-probe is out
     cost_probe: bool = False    # the cost model's probe is out
-    failed_probes: int = 0      # probes in a row that found acceptance below the threshold
+    failed_probes: int = 0      # probes in a row that failed, and wall-time losses (record_request_step)
     hold: int = 0               # plain steps left after speculation lost in practice
     # the last speculative steps: (this request's share of the wall seconds, tokens it emitted,
     # its share of a plain step's predicted seconds)
