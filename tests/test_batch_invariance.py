@@ -11,6 +11,7 @@ import torch
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.models.llama import LlamaModel, apply_rope, rms_norm, rope_tables
 from specdec.models.loader import load_model
+from specdec.quant.decoder import FusedDecoder
 from specdec.runner import attention
 from specdec.runner.attention import (
     AttentionMetadata,
@@ -193,6 +194,37 @@ def test_model_logits_bitwise_across_batching(arch, precision, request, monkeypa
         start, o = start + size, o + size + 1
     assert start == len(tokens)
     assert torch.equal(torch.cat(got), ref)
+
+
+@pytest.mark.parametrize("arch,precision,skip", [
+    ("tiny_qwen", "float32", ()), ("tiny_qwen", "int4", ()), ("tiny_llama", "int4", ()), ("tiny_kquant", "int4", ()),
+    ("tiny_kquant", "int4-a8", ()), ("tiny_qwen", "int4-a8", ()), ("tiny_qwen", "int4", (1,))])
+def test_fused_decoder_matches_the_python_loop(arch, precision, skip, request, monkeypatch):
+    """The layer loop in one C++ call (quant/decoder.py) gives bitwise the Python loop's logits and
+    K/V, over prefill chunks and decode steps batched with another request (and with layers skipped,
+    as self-speculation does)."""
+    if not attention.kernel.available():
+        pytest.skip(f"kernel unavailable: {attention.kernel.unavailable_reason()}")
+    loaded = load_model(str(request.getfixturevalue(arch)), precision, progress=False)
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randint(0, 260, (30,), generator=g).tolist()
+    other = torch.randint(0, 260, (40,), generator=g).tolist()
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(attention, "USE_FUSED_DECODER", fused)
+        model = LlamaModel(loaded.config, loaded.weights, 256, torch.device("cpu"), skip_layers=frozenset(skip))
+        runner = ModelRunner(model, 64, 4, torch.device("cpu"))
+        got, start, o = [], 0, 0
+        for size in (9, 1, 5, 1, 1, 13):
+            chunks = [ScheduledChunk("b", other[o:o + size + 1], o, list(range(20, 40)), 1),
+                      ScheduledChunk("a", tokens[start:start + size], start, list(range(10)), size)]
+            got.append(_logits(runner, chunks))
+            start, o = start + size, o + size + 1
+        assert isinstance(model._fused, FusedDecoder) == fused
+        results.append((torch.cat(got), [t.clone() for kv in runner.kv_caches for t in kv]))
+    (logits_f, kv_f), (logits_p, kv_p) = results
+    assert torch.equal(logits_f, logits_p)
+    assert all(torch.equal(a, b) for a, b in zip(kv_f, kv_p))
 
 
 def test_runner_recompute_is_bitwise(tiny_qwen):

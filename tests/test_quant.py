@@ -130,7 +130,7 @@ def test_int4_model_logits_close_to_float32(target, request):
         loaded = load_model(str(request.getfixturevalue(target)), precision, progress=False)
         assert loaded.precision == precision
         supers[precision] = sum(sub is not None for w in loaded.weights.values() if isinstance(w, QuantLinear)
-                                for sub in w._sub)
+                                for sub in w.subs)
         model = LlamaModel(loaded.config, loaded.weights, 64, torch.device("cpu"))
         cfg, n = loaded.config, model.row_align * -(-len(ids) // model.row_align)
         caches = [(torch.zeros(64, cfg.num_kv_heads, cfg.head_dim), torch.zeros(64, cfg.num_kv_heads, cfg.head_dim))

@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from specdec.quant import kernel
+from specdec.quant.decoder import FusedDecoder
 from specdec.quant.packed import QuantLinear
+from specdec.runner import attention
 from specdec.runner.attention import (
     AttentionMetadata,
     layer_kernels,
@@ -114,6 +116,20 @@ class LlamaModel:
         self.vocab_ids: torch.Tensor | None = None  # set by restrict_vocab
         self.skip_layers = skip_layers
         self.device = device
+        self._fused: FusedDecoder | None | bool = False  # built on first use; None: not possible
+
+    def _fused_decoder(self) -> FusedDecoder | None:
+        """The layer loop in one C++ call, where every layer runs on the kernels (see quant/decoder.py)."""
+        if not (attention.USE_FUSED_DECODER and self._kernels()):
+            return None
+        if self._fused is False:
+            cfg, w = self.cfg, self.w
+            layers = {n: {name: w[f"layers.{n}.{name}"] for name in
+                          ("input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_bias") if f"layers.{n}.{name}" in w}
+                      for n in range(cfg.num_layers) if n not in self.skip_layers}
+            ok = self.packed or attention.dense_kernel(self.device)
+            self._fused = FusedDecoder.build(cfg, layers, w["norm"]) if ok else None
+        return self._fused
 
     def _kernels(self) -> bool:
         cfg = self.cfg
@@ -139,6 +155,10 @@ class LlamaModel:
             cos, sin = self.cos[positions], self.sin[positions]
         embed = w["embed"]
         h = embed.embed(input_ids) if isinstance(embed, QuantLinear) else embed[input_ids].to(self.dtype)
+        fused = self._fused_decoder() if fast and meta.num_rows == input_ids.shape[0] else None
+        if fused is not None:
+            return fused.forward(h.contiguous(), positions, meta.slot_mapping, meta.row_contexts(), self.cos, self.sin,
+                                 kv_caches)
         delta = None  # the last layer's MLP output, added to h by the next norm
         for n in range(cfg.num_layers):
             if n in self.skip_layers:

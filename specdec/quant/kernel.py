@@ -1,5 +1,6 @@
 """The AVX2 CPU kernels, one library: `qlinear.cpp` (linear layers: quantized weights, and dense float32
-weights) and `layer_ops.cpp` (RMSNorm, rotary embeddings, SwiGLU's activation, paged attention). Built with the system
+weights), `layer_ops.cpp` (RMSNorm, rotary embeddings, SwiGLU's activation, paged attention) and
+`decoder.cpp` (the layer loop over them in one call; its Python side is `decoder.py`). Built with the system
 C++ compiler on first use into $SPECDEC_HOME/kernels (keyed by the sources' hash, written under a
 temporary name, then renamed), loaded with ctypes. Where it cannot be built (no compiler, no AVX2,
 not x86), `available()` says why: the pure-PyTorch paths run instead (`packed.py`, `models/llama.py`,
@@ -20,7 +21,7 @@ import torch
 
 from specdec.config import specdec_home
 
-SOURCES = [Path(__file__).with_name("qlinear.cpp"), Path(__file__).with_name("layer_ops.cpp")]
+SOURCES = [Path(__file__).with_name(f) for f in ("qlinear.cpp", "layer_ops.cpp", "decoder.cpp")]
 HEADERS = [Path(__file__).with_name("simd.h")]  # included by the sources: part of the build's hash
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 
@@ -84,6 +85,8 @@ def _library() -> ctypes.CDLL | str:
     lib.silu_mul.argtypes = [p, i64, i64, p, ctypes.c_int]
     for f in (lib.rms_norm, lib.rope, lib.attention, lib.silu_mul):
         f.restype = None
+    lib.decoder_forward.argtypes = [p, i64, p, p, p, i64, p, p, i64, p, p, p, p, p, p, ctypes.c_int]
+    lib.decoder_forward.restype = ctypes.c_int
     return lib
 
 

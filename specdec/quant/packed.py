@@ -99,7 +99,7 @@ class QuantLinear:
         self.parts = parts
         self.act8 = act8
         # int4-a8 on K-quant super-blocks: each part's integer group scales, or None
-        self._sub = [p.sub_scales() if act8 and isinstance(p, QuantTensor) and p.act8_block == 256 else None
+        self.subs = [p.sub_scales() if act8 and isinstance(p, QuantTensor) and p.act8_block == 256 else None
                      for p in parts]
         cols = {p.cols if isinstance(p, QuantTensor) else p.shape[1] for p in parts}
         assert len(cols) == 1, f"parts disagree on the input size: {cols}"
@@ -119,7 +119,7 @@ class QuantLinear:
         use_kernel = kernel.available()
         if not use_kernel:
             _warn_fallback()
-        for p, sub in zip(self.parts, self._sub):
+        for p, sub in zip(self.parts, self.subs):
             n = p.rows if isinstance(p, QuantTensor) else p.shape[0]
             if not isinstance(p, QuantTensor):
                 out[:, col:col + n] = linear(x, p)

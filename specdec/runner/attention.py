@@ -32,17 +32,18 @@ _ROW_BLOCK = 8
 
 def row_align(precision: str, device: str | torch.device = "cpu") -> int:
     """Rows of a forward are padded to a multiple of this (see the module docstring)."""
-    if precision.startswith("int4") or (precision == "float32" and _dense_kernel(torch.device(device))):
+    if precision.startswith("int4") or (precision == "float32" and dense_kernel(torch.device(device))):
         return 1
     return ROW_ALIGN
 
 
-def _dense_kernel(device: torch.device) -> bool:
+def dense_kernel(device: torch.device) -> bool:
     return device.type == "cpu" and USE_DENSE_KERNEL and kernel.available()
 
 
 USE_DENSE_KERNEL = True  # tests switch it off to check the MKL fallback
 USE_LAYER_KERNELS = True  # the decoder's glue in C++ (tests switch it off to check PyTorch's path)
+USE_FUSED_DECODER = True  # with the layer kernels, the whole layer loop in one C++ call (quant/decoder.py)
 
 
 def layer_kernels(dtype: torch.dtype, device: torch.device) -> bool:
@@ -63,7 +64,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantLinear, bias: torch.Tens
     if x.dtype != torch.float32 or x.device.type != "cpu":
         return F.linear(x, weight, bias)
     num_rows = x.shape[0]
-    if _dense_kernel(x.device) and x.shape[1] % 8 == 0 and weight.is_contiguous():
+    if dense_kernel(x.device) and x.shape[1] % 8 == 0 and weight.is_contiguous():
         out = torch.empty(num_rows, weight.shape[0], dtype=x.dtype)
         kernel.dense_linear(x.contiguous(), weight, out)
         return out if bias is None else out.add_(bias)

@@ -1,0 +1,137 @@
+"""The decoder's layer loop as one C++ call (`decoder.cpp`): the model's weights described once as
+ctypes structs, then each forward is a single call instead of about ten kernel calls per layer.
+
+Used by `LlamaModel.forward` whenever every layer runs on the C++ kernels (float32 activations on an
+AVX2 CPU, weights packed or dense float32); the Python loop stays for every other case and as the
+reference (the results are bitwise the same: `tests/test_batch_invariance.py`)."""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from specdec.quant import kernel
+from specdec.quant.packed import QuantLinear, QuantTensor
+
+_SUPPORTED = {(4, 32), (8, 32), (8, 16)}  # (bits, group) the linear kernel runs
+
+
+class Part(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_int64), ("bits", ctypes.c_int), ("group", ctypes.c_int), ("act8", ctypes.c_int),
+                ("codes", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
+                ("dsup", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("dense", ctypes.c_void_p)]
+
+
+class Linear(ctypes.Structure):
+    _fields_ = [("parts", ctypes.POINTER(Part)), ("num_parts", ctypes.c_int64), ("n", ctypes.c_int64),
+                ("bias", ctypes.c_void_p)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("qkv", Linear), ("o", Linear),
+                ("gate_up", Linear), ("down", Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+
+
+class Dims(ctypes.Structure):
+    _fields_ = [("hidden", ctypes.c_int64), ("intermediate", ctypes.c_int64), ("num_heads", ctypes.c_int64),
+                ("num_kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("eps", ctypes.c_float),
+                ("attn_scale", ctypes.c_float)]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _float32(t: torch.Tensor | None) -> bool:
+    return t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
+
+
+class FusedDecoder:
+    """The layers of one model as the C++ loop sees them. `build` returns None where some weight has a
+    form the loop does not run (the caller keeps the Python loop)."""
+
+    def __init__(self, cfg, layers: dict[int, dict[str, object]], final_norm: torch.Tensor) -> None:
+        """layers: the weights of each layer the forward runs, by layer number (self-speculation skips some)."""
+        self._keep: list[object] = []  # the ctypes arrays the structs point into
+        self.indices = sorted(layers)
+        self.layers = (Layer * len(layers))()
+        for slot, n in zip(self.layers, self.indices):
+            w = layers[n]
+            slot.input_norm, slot.post_norm = _ptr(w["input_norm"]), _ptr(w["post_norm"])
+            slot.qkv = self._linear(w["qkv"], w.get("qkv_bias"))
+            slot.o, slot.gate_up, slot.down = self._linear(w["o"]), self._linear(w["gate_up"]), self._linear(w["down"])
+        self.dims = Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.rms_norm_eps, cfg.head_dim ** -0.5)
+        self.final_norm = final_norm
+        self._caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @classmethod
+    def build(cls, cfg, layers: dict[int, dict[str, object]], final_norm: torch.Tensor) -> FusedDecoder | None:
+        tensors = [final_norm] + [w[name] for w in layers.values() for name in ("input_norm", "post_norm", "qkv_bias")
+                                  if name in w]
+        if not all(_float32(t) for t in tensors):
+            return None
+        for w in layers.values():
+            for name in ("qkv", "o", "gate_up", "down"):
+                if not _supported(w[name]):
+                    return None
+        return cls(cfg, layers, final_norm)
+
+    def _linear(self, weight: QuantLinear | torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+        parts = weight.parts if isinstance(weight, QuantLinear) else [weight]
+        act8 = isinstance(weight, QuantLinear) and weight.act8
+        subs = weight.subs if isinstance(weight, QuantLinear) else [None]
+        arr = (Part * len(parts))()
+        for slot, p, sub in zip(arr, parts, subs):
+            if isinstance(p, QuantTensor):
+                slot.n, slot.bits, slot.group, slot.act8 = p.rows, p.bits, p.group, int(act8)
+                slot.codes, slot.scale, slot.offset = p.codes.data_ptr(), p.scale.data_ptr(), _ptr(p.offset)
+                if sub is not None:
+                    slot.sub, slot.dsup = sub.data_ptr(), p.super_scale.data_ptr()
+            else:
+                slot.n, slot.dense = p.shape[0], p.data_ptr()
+        self._keep.append(arr)
+        n = sum(slot.n for slot in arr)
+        return Linear(ctypes.cast(arr, ctypes.POINTER(Part)), len(parts), n, _ptr(bias))
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                row_contexts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """h: [rows, hidden] float32 embeddings (the residual stream, updated in place) -> final-normed
+        hidden states [rows, hidden]. Writes each real row's K/V into its slot of `kv_caches` (one (k, v)
+        per layer of the model, skipped ones included)."""
+        if self._caches is not kv_caches:  # the runner's caches are allocated once
+            if not all(_float32(k) and _float32(v) for k, v in kv_caches):
+                raise ValueError("the fused decoder needs contiguous float32 CPU K/V caches")
+            for slot, n in zip(self.layers, self.indices):
+                slot.k_cache, slot.v_cache = kv_caches[n][0].data_ptr(), kv_caches[n][1].data_ptr()
+            self._caches = kv_caches
+        assert h.dtype == torch.float32 and h.is_contiguous() and positions.dtype == slot_mapping.dtype == torch.int64
+        out = torch.empty_like(h)
+        ctx_slots, ctx_start, ctx_len = row_contexts
+        positions, slot_mapping = positions.contiguous(), slot_mapping.contiguous()
+        rc = kernel._lib().decoder_forward(
+            self.layers, len(self.indices), ctypes.byref(self.dims), self.final_norm.data_ptr(), h.data_ptr(),
+            h.shape[0], positions.data_ptr(), slot_mapping.data_ptr(),
+            slot_mapping.shape[0], ctx_slots.data_ptr(), ctx_start.data_ptr(), ctx_len.data_ptr(), cos.data_ptr(),
+            sin.data_ptr(), out.data_ptr(), torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError("decoder_forward: a linear layer's layout is not supported by the kernel")
+        return out
+
+
+def _supported(weight: object) -> bool:
+    """Whether the C++ loop runs this linear layer as `runner.attention.linear` would."""
+    if isinstance(weight, torch.Tensor):  # dense float32: `dense_linear` when k is a multiple of 8
+        return _float32(weight) and weight.shape[1] % 8 == 0
+    if not isinstance(weight, QuantLinear):
+        return False
+    for p, sub in zip(weight.parts, weight.subs):
+        if isinstance(p, QuantTensor):
+            if (p.bits, p.group) not in _SUPPORTED or p.cols % 32 or (sub is not None and p.cols % 256):
+                return False
+            if sub is not None and (p.bits, p.group) not in {(4, 32), (8, 16)}:
+                return False
+        elif not (_float32(p) and p.shape[1] % 8 == 0):
+            return False
+    return True
