@@ -116,19 +116,20 @@ class LlamaModel:
         self.vocab_ids: torch.Tensor | None = None  # set by restrict_vocab
         self.skip_layers = skip_layers
         self.device = device
-        self._fused: FusedDecoder | None | bool = False  # built on first use; None: not possible
+        self._fused: FusedDecoder | None = None  # built on first use (None after that: not possible)
+        self._fused_tried = False
 
     def _fused_decoder(self) -> FusedDecoder | None:
         """The layer loop in one C++ call, where every layer runs on the kernels (see quant/decoder.py)."""
-        if not (attention.USE_FUSED_DECODER and self._kernels()):
+        if not (attention.USE_FUSED_DECODER and self._kernels()
+                and (self.packed or attention.dense_kernel(self.device))):
             return None
-        if self._fused is False:
+        if not self._fused_tried:
             cfg, w = self.cfg, self.w
-            layers = {n: {name: w[f"layers.{n}.{name}"] for name in
-                          ("input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_bias") if f"layers.{n}.{name}" in w}
+            names = ("input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_bias")
+            layers = {n: {name: w[f"layers.{n}.{name}"] for name in names if f"layers.{n}.{name}" in w}
                       for n in range(cfg.num_layers) if n not in self.skip_layers}
-            ok = self.packed or attention.dense_kernel(self.device)
-            self._fused = FusedDecoder.build(cfg, layers, w["norm"]) if ok else None
+            self._fused, self._fused_tried = FusedDecoder.build(cfg, layers, w["norm"]), True
         return self._fused
 
     def _kernels(self) -> bool:
