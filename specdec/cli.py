@@ -75,7 +75,8 @@ def _add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft model scores only N frequent tokens (cheaper steps; still lossless)")
     p.add_argument("--draft-precision", choices=PRECISIONS, default=None,
-                   help="the draft model's precision (default: the target's; output is unchanged either way)")
+                   help="the draft model's precision (default: int4-a8 where the target defaults to int4, else the "
+                        "target's; output is unchanged either way)")
     p.add_argument("--spec-deterministic", action="store_true",
                    help="cost model decides from acceptance counts alone (a seed then fixes the text)")
 
@@ -102,7 +103,8 @@ def speculative_config(a: argparse.Namespace):
                             num_speculative_tokens=4 if a.num_speculative_tokens is None else a.num_speculative_tokens,
                             policy=a.spec_policy or "cost_model", deterministic=a.spec_deterministic,
                             draft_vocab_size=a.draft_vocab, draft_precision=a.draft_precision)
-    what = f"draft model {draft}" if method == "draft_model" else "n-gram prompt lookup"
+    what = f"draft model {draft} ({a.draft_precision or 'the target precision'})" if method == "draft_model" \
+        else "n-gram prompt lookup"
     print(f"speculation: {what}, k={cfg.num_speculative_tokens}, policy={cfg.policy}", file=sys.stderr)
     return cfg
 
@@ -370,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(b)
     b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
     b.add_argument("--draft-precision", choices=PRECISIONS, default=None,
-                   help="the draft arms' draft precision (default: the target's)")
+                   help="the draft arms' draft precision (default: int4-a8 where the target defaults to int4, else the target's)")
     b.add_argument("--arms", default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram[,ngram_fixed]; "
                                                 "serve: plain,draft[,ngram]")
     b.add_argument("--sets", default="code_edit,code_gen,chat,prose,zh")
@@ -425,12 +427,24 @@ def resolve_precision(a: argparse.Namespace) -> None:
             a.precision = "int4"
             print("precision: int4 (the default on this CPU: the GGUF's own weights, float32 activations; "
                   "--precision float32 for the exact oracle)", file=sys.stderr)
+            _default_draft_precision(a)
             return
         reason = f"the int4 kernel is unavailable: {kernel.unavailable_reason()}"
     else:
         reason = f"device {a.device}"
     a.precision = "float32"
     print(f"precision: float32 ({reason})", file=sys.stderr)
+
+
+def _default_draft_precision(a: argparse.Namespace) -> None:
+    """With the int4 default, a draft model runs in int4-a8 unless told otherwise: the draft's numbers
+    never change the output (rejection sampling is exact for any draft), and its integer dot products
+    make a draft step cheaper at the same acceptance (README, Precision modes). Not over a YAML file's
+    choice, nor for self-speculation, which runs the target's own weights."""
+    from specdec.spec.self_draft import is_self_draft
+    if (hasattr(a, "draft_precision") and a.draft_precision is None and getattr(a, "config", None) is None
+            and not is_self_draft(getattr(a, "draft", None))):
+        a.draft_precision = "int4-a8"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,23 @@ def test_default_precision_is_said_and_recorded(capsys, tiny_qwen):
     assert json.loads(out.splitlines()[0])["stats"]["precision"] == "float32"
 
 
+def test_default_draft_precision_follows_the_default_mode(capsys, tiny_qwen, tiny_llama):
+    """With the int4 default a draft model runs in int4-a8 (its numbers never change the output); an
+    explicit --draft-precision, an explicit --precision, or self-speculation keep theirs."""
+    from specdec.cli import build_parser, resolve_precision
+    a = build_parser().parse_args(["generate", "--model", str(tiny_qwen), "--draft", str(tiny_llama), "hi"])
+    resolve_precision(a)
+    assert a.draft_precision == ("int4-a8" if DEFAULT_PRECISION == "int4" else None)
+    for flags in (["--draft-precision", "float32"], ["--precision", "float32"], ["--draft", "self:skip=1-1"]):
+        a = build_parser().parse_args(["generate", "--model", str(tiny_qwen), *flags, "hi"])
+        resolve_precision(a)
+        assert a.draft_precision == (flags[1] if flags[0] == "--draft-precision" else None)
+    code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--draft", tiny_llama, "--json", "--max-tokens", 3,
+                         "--spec-policy", "fixed", "hi")
+    assert code == 0 and f"({'int4-a8' if DEFAULT_PRECISION == 'int4' else 'the target precision'})" in err
+    assert json.loads(out.splitlines()[0])["stats"]["precision"] == DEFAULT_PRECISION
+
+
 def test_generate_plain_text_and_chat(capsys, tiny_qwen):
     code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--chat", "--max-tokens", 3, "hi")
     assert code == 0 and "tokens/s" in err and "finish=" in err
