@@ -92,6 +92,20 @@ def test_quantized_linear_matches_float64_and_is_batch_invariant(name, path, act
         assert torch.equal(lin(x[sel]), y[sel])
 
 
+@pytest.mark.parametrize("act8", [False, True], ids=["int4", "int4-a8"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_many_rows_pass_over_the_weights_in_blocks_with_the_same_results(name, act8):
+    """The kernel takes long prefills in row blocks that fit the L2 cache (128 rows at k = 512): a row
+    is bitwise the same alone, inside the first block, or past several block boundaries."""
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    lin = QuantLinear([LAYERS[name]], act8)
+    x = torch.randn(300, COLS, generator=torch.Generator().manual_seed(5))
+    y = lin(x)
+    for rows in (slice(0, 1), slice(127, 129), slice(130, 139), slice(250, 300), slice(3, 261)):
+        assert torch.equal(lin(x[rows]), y[rows]), rows
+
+
 def test_kernel_and_fallback_agree_and_mixed_parts_fill_their_columns(monkeypatch):
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
