@@ -3,6 +3,7 @@ the HTTP edge (and the next good request still succeeding), a full queue, aborts
 preemption under a tiny KV cache that leaves outputs unchanged, and the YAML config."""
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -257,20 +258,16 @@ def test_bench_serve_writes_json_and_plot(tiny_qwen, tmp_path):
     assert png.stat().st_size > 1000
 
 
-def test_health_is_503_until_the_models_are_loaded(tiny_qwen):
+@contextlib.contextmanager
+def in_process_server(build):
+    """An AsyncEngine made by `build` behind a uvicorn server on a free port, in this process (so a
+    test can gate or slow the engine); yields (engine, a handle with .url and .port) once listening."""
     import uvicorn
     from server_process import free_port
 
     from specdec.config import ServerConfig
-    from specdec.engine import LLMEngine
     from specdec.server.app import build_app
     from specdec.server.async_engine import AsyncEngine
-
-    gate = threading.Event()
-
-    def build():
-        gate.wait(60)
-        return LLMEngine(engine_config(str(tiny_qwen)), progress=False)
 
     engine = AsyncEngine(build)
     port = free_port()
@@ -280,28 +277,42 @@ def test_health_is_503_until_the_models_are_loaded(tiny_qwen):
     engine.start()
     thread.start()
     try:
-        while not server.started:
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{port}"
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(url + "/health")
-        assert e.value.code == 503
-        local = type("S", (), {"url": url})()
-        assert post(local, "/v1/completions", {"prompt": "hi"})[0] == 503
-        gate.set()
         deadline = time.time() + 60
-        while not engine.ready and time.time() < deadline:
+        while not server.started and time.time() < deadline:
             time.sleep(0.05)
-        with urllib.request.urlopen(url + "/health") as r:
-            assert r.status == 200
-        # ignore_eos: the default temperature samples, and the tiny model may sample EOS early
-        status, body = post(local, "/v1/completions", {"prompt": "hi", "max_tokens": 3, "ignore_eos": True})
-        assert status == 200 and body["usage"]["completion_tokens"] == 3
+        yield engine, type("S", (), {"url": f"http://127.0.0.1:{port}", "port": port})()
     finally:
-        gate.set()
         server.should_exit = True
         thread.join(30)
         engine.shutdown()
+
+
+def test_health_is_503_until_the_models_are_loaded(tiny_qwen):
+    from specdec.engine import LLMEngine
+
+    gate = threading.Event()
+
+    def build():
+        gate.wait(60)
+        return LLMEngine(engine_config(str(tiny_qwen)), progress=False)
+
+    with in_process_server(build) as (engine, local):
+        try:
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(local.url + "/health")
+            assert e.value.code == 503
+            assert post(local, "/v1/completions", {"prompt": "hi"})[0] == 503
+            gate.set()
+            deadline = time.time() + 60
+            while not engine.ready and time.time() < deadline:
+                time.sleep(0.05)
+            with urllib.request.urlopen(local.url + "/health") as r:
+                assert r.status == 200
+            # ignore_eos: the default temperature samples, and the tiny model may sample EOS early
+            status, body = post(local, "/v1/completions", {"prompt": "hi", "max_tokens": 3, "ignore_eos": True})
+            assert status == 200 and body["usage"]["completion_tokens"] == 3
+        finally:
+            gate.set()
 
 
 def test_client_leaving_a_non_streaming_request_aborts_it(tiny_qwen):
@@ -309,35 +320,21 @@ def test_client_leaving_a_non_streaming_request_aborts_it(tiny_qwen):
     the request must end as an abort (whatever the machine's speed) with its blocks freed."""
     import socket
 
-    import uvicorn
-    from server_process import free_port
-
-    from specdec.config import ServerConfig
     from specdec.engine import LLMEngine
-    from specdec.server.app import build_app
-    from specdec.server.async_engine import AsyncEngine
 
     class SlowEngine(LLMEngine):
         def step(self):
             time.sleep(0.02)
             return super().step()
 
-    engine = AsyncEngine(lambda: SlowEngine(engine_config(str(tiny_qwen)), progress=False))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, ServerConfig(), "tiny"), host="127.0.0.1", port=port,
-                                           log_level="error"))
-    thread = threading.Thread(target=server.run)
-    engine.start()
-    thread.start()
-    try:
-        local = type("S", (), {"url": f"http://127.0.0.1:{port}"})()
+    with in_process_server(lambda: SlowEngine(engine_config(str(tiny_qwen)), progress=False)) as (engine, local):
         deadline = time.time() + 60
-        while not (server.started and engine.ready) and time.time() < deadline:
+        while not engine.ready and time.time() < deadline:
             time.sleep(0.05)
         metrics = lambda: ServerProcess.metrics(local)  # noqa: E731
         before = metrics()
         body = json.dumps({"prompt": "count", "max_tokens": 400, "ignore_eos": True}).encode()
-        with socket.create_connection(("127.0.0.1", port)) as sock:
+        with socket.create_connection(("127.0.0.1", local.port)) as sock:
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             while metrics().get("specdec_num_requests_running", 0) < 1 and time.time() < deadline:
@@ -346,13 +343,9 @@ def test_client_leaving_a_non_streaming_request_aborts_it(tiny_qwen):
             time.sleep(0.05)
         m = metrics()
         assert m['specdec_kv_blocks_used{pool="target"}'] == 0
-        count = lambda metrics, status: metrics.get(f'specdec_requests_total{{status="{status}"}}', 0)  # noqa: E731
+        count = lambda sample, status: sample.get(f'specdec_requests_total{{status="{status}"}}', 0)  # noqa: E731
         assert count(m, "abort") == count(before, "abort") + 1
         assert count(m, "length") == count(before, "length")
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        engine.shutdown()
 
 
 def test_streams_match_the_non_streamed_responses(strict_server):
