@@ -421,7 +421,8 @@ def resolve_precision(a: argparse.Namespace) -> None:
     Says which on stderr; every output's stats.precision records it."""
     if getattr(a, "precision", None) != "auto":
         return
-    if getattr(a, "device", "cpu") == "cpu":
+    device = getattr(a, "device", None) or "cpu"  # `serve` leaves --device unset (None) unless given
+    if device == "cpu":
         from specdec.quant import kernel
         if kernel.available():
             a.precision = "int4"
@@ -431,7 +432,7 @@ def resolve_precision(a: argparse.Namespace) -> None:
             return
         reason = f"the int4 kernel is unavailable: {kernel.unavailable_reason()}"
     else:
-        reason = f"device {a.device}"
+        reason = f"device {device}"
     a.precision = "float32"
     print(f"precision: float32 ({reason})", file=sys.stderr)
 

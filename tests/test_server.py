@@ -237,6 +237,16 @@ def test_cli_flags_override_the_config(tmp_path):
     assert serve_configs(a)[0].speculative is None
 
 
+def test_serve_without_flags_takes_the_cli_default_precision():
+    """`specdec serve` with no config and no --precision runs the CLI's default mode on this CPU (it
+    once fell back to float32 because serve's --device defaults to unset)."""
+    from specdec.cli import build_parser, serve_configs
+    from specdec.quant import kernel
+    cfg, _ = serve_configs(build_parser().parse_args(["serve"]))
+    assert cfg.model.precision == ("int4" if kernel.available() else "float32")
+    assert cfg.speculative.draft_precision == ("int4-a8" if kernel.available() else None)
+
+
 def test_bad_request_fails_before_the_engine_is_touched(strict_server):
     with pytest.raises(BadRequestError):
         strict_server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
