@@ -372,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(b)
     b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
     b.add_argument("--draft-precision", choices=PRECISIONS, default=None,
-                   help="the draft arms' draft precision (default: int4-a8 where the target defaults to int4, else the target's)")
+                   help="the draft arms' draft precision (default: int4-a8 where the target defaults to int4, "
+                        "else the target's)")
     b.add_argument("--arms", default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram[,ngram_fixed]; "
                                                 "serve: plain,draft[,ngram]")
     b.add_argument("--sets", default="code_edit,code_gen,chat,prose,zh")

@@ -108,7 +108,8 @@ def run_serve_bench(a) -> dict:
         arms["draft"].draft_model = arms["draft"].draft_model or default_draft(target.name)
         if arms["draft"].draft_model is None:
             raise ValueError(f"{target.name} has no default draft: pass --draft or drop the draft arm")
-    draft = load_model(arms["draft"].draft_model, a.draft_precision or a.precision, a.device) if "draft" in arms else None
+    draft = (load_model(arms["draft"].draft_model, a.draft_precision or a.precision, a.device)
+             if "draft" in arms else None)
     tok = target.tokenizer
     pool = [p for s in SETS for p in read_prompts_file(str(PROMPTS_DIR / f"{s}.jsonl"))]
     random.Random(a.seed).shuffle(pool)

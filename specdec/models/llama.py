@@ -120,9 +120,9 @@ class LlamaModel:
         self._fused_tried = False
 
     def _fused_decoder(self) -> FusedDecoder | None:
-        """The layer loop in one C++ call, where every layer runs on the kernels (see quant/decoder.py)."""
-        if not (attention.USE_FUSED_DECODER and self._kernels()
-                and (self.packed or attention.dense_kernel(self.device))):
+        """The layer loop in one C++ call, where every layer runs on the kernels (see quant/decoder.py);
+        the caller has checked the layer kernels (`_kernels`)."""
+        if not (attention.USE_FUSED_DECODER and (self.packed or attention.dense_kernel(self.device))):
             return None
         if not self._fused_tried:
             cfg, w = self.cfg, self.w
@@ -156,7 +156,7 @@ class LlamaModel:
             cos, sin = self.cos[positions], self.sin[positions]
         embed = w["embed"]
         h = embed.embed(input_ids) if isinstance(embed, QuantLinear) else embed[input_ids].to(self.dtype)
-        fused = self._fused_decoder() if fast and meta.num_rows == input_ids.shape[0] else None
+        fused = self._fused_decoder() if fast else None
         if fused is not None:
             return fused.forward(h.contiguous(), positions, meta.slot_mapping, meta.row_contexts(), self.cos, self.sin,
                                  kv_caches)

@@ -109,6 +109,7 @@ class FusedDecoder:
         assert h.dtype == torch.float32 and h.is_contiguous() and positions.dtype == slot_mapping.dtype == torch.int64
         out = torch.empty_like(h)
         ctx_slots, ctx_start, ctx_len = row_contexts
+        assert ctx_len.shape[0] == h.shape[0], "one context per row (the C++ loop reads them unchecked)"
         positions, slot_mapping = positions.contiguous(), slot_mapping.contiguous()
         rc = kernel._lib().decoder_forward(
             self.layers, len(self.indices), ctypes.byref(self.dims), self.final_norm.data_ptr(), h.data_ptr(),
@@ -121,16 +122,18 @@ class FusedDecoder:
 
 
 def _supported(weight: object) -> bool:
-    """Whether the C++ loop runs this linear layer as `runner.attention.linear` would."""
-    if isinstance(weight, torch.Tensor):  # dense float32: `dense_linear` when k is a multiple of 8
-        return _float32(weight) and weight.shape[1] % 8 == 0
-    if not isinstance(weight, QuantLinear):
+    """Whether the C++ loop runs this linear layer as `runner.attention.linear` would: packed parts in a
+    layout `qlinear` takes (super-block scales exist only for its two super-block layouts, see
+    `QuantTensor.act8_block`), dense float32 parts through `dense_linear` (k a multiple of 8)."""
+    if isinstance(weight, QuantLinear):
+        parts, subs = weight.parts, weight.subs
+    elif isinstance(weight, torch.Tensor):
+        parts, subs = [weight], [None]
+    else:
         return False
-    for p, sub in zip(weight.parts, weight.subs):
+    for p, sub in zip(parts, subs):
         if isinstance(p, QuantTensor):
             if (p.bits, p.group) not in _SUPPORTED or p.cols % 32 or (sub is not None and p.cols % 256):
-                return False
-            if sub is not None and (p.bits, p.group) not in {(4, 32), (8, 16)}:
                 return False
         elif not (_float32(p) and p.shape[1] % 8 == 0):
             return False

@@ -35,7 +35,8 @@ def _cpu_has_avx2() -> bool:
 
 
 def library_path() -> Path:
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    sources = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
+    digest = hashlib.sha256(sources + " ".join(FLAGS).encode()).hexdigest()[:16]
     return specdec_home() / "kernels" / f"qlinear-{digest}.so"
 
 

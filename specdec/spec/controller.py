@@ -41,7 +41,8 @@ Health check (every policy): when a request's acceptance over its last `health_w
 falls below `acceptance_threshold`, it falls back to plain decoding, logs a warning and counts an
 alert; every `reprobe_interval` plain steps (doubled after each failed probe, up to 16 times) it
 re-probes with `reprobe_k` drafts and resumes when the probe's acceptance clears the threshold.
-Under exact verification none of this changes the output, only the speed; the same holds for the long-output guard (plain_interval_after / _steps).
+Under exact verification none of this changes the output, only the speed; the same holds for the
+long-output guard (plain_interval_after / _steps).
 """
 from __future__ import annotations
 
