@@ -302,6 +302,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
         a.out = a.out if a.out != "bench.json" else "bench-threads.json"
         a.plot = a.plot if a.plot != "bench.png" else "bench-threads.png"
         run_threads_bench(a)
+    elif a.mode == "steps":
+        from specdec.bench.steps import run_steps_bench
+        a.out = a.out if a.out != "bench.json" else "bench-steps.json"
+        a.plot = a.plot if a.plot != "bench.png" else "bench-steps.png"
+        run_steps_bench(a)
     elif a.mode == "serve":
         from specdec.bench.serve_bench import run_serve_bench
         a.arms = a.arms or "plain,draft"
@@ -365,10 +370,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark: plain vs speculative arms (spec, the default), plain decoding "
                                      "alone (decode), serving under Poisson arrivals (serve), precision modes "
-                                     "against float32 (precision), thread counts under competition (threads)")
-    b.add_argument("mode", nargs="?", choices=["spec", "decode", "serve", "precision", "threads"], default="spec")
+                                     "against float32 (precision), thread counts under competition (threads), "
+                                     "forward cost by row count on random weights, any device (steps)")
+    b.add_argument("mode", nargs="?", choices=["spec", "decode", "serve", "precision", "threads", "steps"],
+                   default="spec")
     b.add_argument("--precisions", default="int4,int4-a8",
-                   help="precision mode: the modes compared with float32")
+                   help="precision mode: the modes compared with float32; steps: float32,bfloat16 (the default)")
+    b.add_argument("--shapes", default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct",
+                   help="steps: models whose shapes get random weights, the draft first, the target last")
+    b.add_argument("--rows", default="1,2,3,5,8,16,64,256", help="steps: new rows per forward")
+    b.add_argument("--context", type=int, default=512, help="steps: tokens already in the cache")
     _add_model_args(b)
     b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
     b.add_argument("--draft-precision", choices=PRECISIONS, default=None,
@@ -452,7 +463,8 @@ def _default_draft_precision(a: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        resolve_precision(args)
+        if getattr(args, "mode", None) != "steps":  # steps takes --precisions; no model is loaded
+            resolve_precision(args)
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:  # ModelFileError is a ValueError
         print(f"error: {e}", file=sys.stderr)

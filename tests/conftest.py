@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random GGUF models (unit tests) and the real models, loaded once per session."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,30 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_gguf import write_tiny_gguf  # noqa: E402
 
 from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
+
+
+_DEVICE = {"name": "cpu"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default=os.environ.get("SPECDEC_TEST_DEVICE", "cpu"),
+                     help="where the device-aware tests run their models (batch invariance, speculative == "
+                          "plain): cpu (CI) or cuda[:N] on a GPU machine")
+
+
+def pytest_configure(config):
+    _DEVICE["name"] = config.getoption("--device")
+
+
+def on_device() -> str:
+    """The device the device-aware tests put their models and tensors on (`pytest --device`)."""
+    return _DEVICE["name"]
+
+
+def cpu_precision(precision: str) -> None:
+    """Skip where a precision runs only on the CPU kernels and the tests run on a GPU."""
+    if precision.startswith("int4") and on_device() != "cpu":
+        pytest.skip(f"{precision} runs on the CPU kernel")
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +54,8 @@ def tiny_llama(tiny_dir) -> Path:
 
 def engine_config(model: str, **overrides) -> EngineConfig:
     """An EngineConfig with small defaults suited to tests; overrides go to the right section."""
-    sections = {"model": {}, "cache": {"target_cache_blocks": 256}, "scheduler": {}}
-    owners = {"precision": "model", "max_model_len": "model", "block_size": "cache",
+    sections = {"model": {"device": on_device()}, "cache": {"target_cache_blocks": 256}, "scheduler": {}}
+    owners = {"precision": "model", "max_model_len": "model", "device": "model", "block_size": "cache",
               "target_cache_blocks": "cache", "enable_prefix_caching": "cache",
               "max_num_batched_tokens": "scheduler", "max_batch_size": "scheduler",
               "long_prefill_token_threshold": "scheduler"}

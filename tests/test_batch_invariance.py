@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import cpu_precision, on_device
 
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.models.llama import LlamaModel, apply_rope, rms_norm, rope_tables
@@ -28,7 +29,10 @@ DTYPES = [torch.float32, torch.bfloat16]
 @pytest.fixture(params=["kernel", "mkl"])
 def float32_path(request, monkeypatch):
     """float32 runs specdec's kernel where it builds, MKL in 4/8-row blocks elsewhere: check both."""
-    if request.param == "mkl":
+    if on_device() != "cpu":  # neither applies: one path, the GPU's (blocks of CUDA_ROW_BLOCK rows)
+        if request.param == "mkl":
+            pytest.skip("a CPU path")
+    elif request.param == "mkl":
         monkeypatch.setattr(attention, "USE_DENSE_KERNEL", False)
     elif not attention.kernel.available():
         pytest.skip(f"kernel unavailable: {attention.kernel.unavailable_reason()}")
@@ -45,10 +49,11 @@ def padded(x: torch.Tensor, align: int = attention.ROW_ALIGN) -> torch.Tensor:
 def test_linear_is_row_invariant(out_features, in_features, dtype, float32_path):
     if dtype != torch.float32 and float32_path == "mkl":
         pytest.skip("the float32 path does not apply")
-    align = attention.row_align(str(dtype).removeprefix("torch."))  # 1: the kernel takes any row count
+    dev = on_device()
+    align = attention.row_align(str(dtype).removeprefix("torch."), dev)  # 1: the kernel takes any row count
     g = torch.Generator().manual_seed(0)
-    w = (torch.randn(out_features, in_features, generator=g) / in_features ** 0.5).to(dtype)
-    x = torch.randn(520, in_features, generator=g).to(dtype)
+    w = (torch.randn(out_features, in_features, generator=g) / in_features ** 0.5).to(dev, dtype)
+    x = torch.randn(520, in_features, generator=g).to(dev, dtype)
     ref = linear(x[:512], w)
     for m in ROW_COUNTS:
         assert torch.equal(linear(padded(x[:m], align), w)[:m], ref[:m]), f"{m} rows"
@@ -65,11 +70,12 @@ def _kernel_rms_norm(x, w, eps):
 @pytest.mark.parametrize("norm,dtype", [(rms_norm, torch.float32), (rms_norm, torch.bfloat16),
                                         (_kernel_rms_norm, torch.float32)])
 def test_rms_norm_is_row_invariant(norm, dtype):
-    if norm is _kernel_rms_norm and not attention.kernel.available():
-        pytest.skip(f"kernel unavailable: {attention.kernel.unavailable_reason()}")
+    if norm is _kernel_rms_norm and (on_device() != "cpu" or not attention.kernel.available()):
+        pytest.skip("a CPU kernel" if on_device() != "cpu" else
+                    f"kernel unavailable: {attention.kernel.unavailable_reason()}")
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(512, 1536, generator=g).to(dtype)
-    w = torch.rand(1536, generator=g).to(dtype)
+    x = torch.randn(512, 1536, generator=g).to(on_device(), dtype)
+    w = torch.rand(1536, generator=g).to(on_device(), dtype)
     ref = norm(x, w, 1e-6)
     for m in ROW_COUNTS:
         assert torch.equal(norm(x[:m], w, 1e-6), ref[:m])
@@ -124,35 +130,39 @@ def _attention(q, k, v, caches, seqs_spec, num_kv_heads):
         slot_map += ctx_slots[start:].tolist()
         rows += idx
     n = pad_rows(len(rows))
-    sel = torch.tensor(rows + [rows[0]] * (n - len(rows)))
-    meta = AttentionMetadata(torch.tensor(slot_map), seqs, n)
+    sel = torch.tensor(rows + [rows[0]] * (n - len(rows)), device=q.device)
+    meta = AttentionMetadata(torch.tensor(slot_map, device=q.device), seqs, n)
     return paged_attention(q[sel], k[sel], v[sel], caches, meta)[: len(rows)]
 
 
 @pytest.mark.parametrize("dtype,kernels", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, False)])
 def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels, monkeypatch):
+    dev = on_device()
+    if kernels and dev != "cpu":
+        pytest.skip("a CPU kernel")
     monkeypatch.setattr(attention, "USE_LAYER_KERNELS", kernels)
     g = torch.Generator().manual_seed(2)
     heads, kv_heads, d, length = 12, 2, 128, 70
-    q = torch.randn(length, heads, d, generator=g).to(dtype)
-    k = torch.randn(length, kv_heads, d, generator=g).to(dtype)
-    v = torch.randn(length, kv_heads, d, generator=g).to(dtype)
-    slots = torch.randperm(256, generator=g)[:length]  # scattered, like real block tables
+    q = torch.randn(length, heads, d, generator=g).to(dev, dtype)
+    k = torch.randn(length, kv_heads, d, generator=g).to(dev, dtype)
+    v = torch.randn(length, kv_heads, d, generator=g).to(dev, dtype)
+    slots = torch.randperm(256, generator=g)[:length].to(dev)  # scattered, like real block tables
 
     def fresh():
-        return (torch.zeros(256 + 64, kv_heads, d, dtype=dtype), torch.zeros(256 + 64, kv_heads, d, dtype=dtype))
+        return tuple(torch.zeros(256 + 64, kv_heads, d, dtype=dtype, device=dev) for _ in range(2))
 
     full = _attention(q, k, v, fresh(), [(list(range(length)), 0, slots)], kv_heads)
     # chunked prefill at ragged splits
     caches = fresh()
     start, outs = 0, []
     for size in (1, 7, 16, 5, 41):
-        outs.append(_attention(q, k, v, caches, [(list(range(start, start + size)), start, slots[:start + size])], kv_heads))
+        seq = (list(range(start, start + size)), start, slots[:start + size])
+        outs.append(_attention(q, k, v, caches, [seq], kv_heads))
         start += size
     assert torch.equal(torch.cat(outs), full)
     # token-by-token decode, each step batched with an unrelated sequence
     caches = fresh()
-    other = torch.arange(256, 256 + 64)
+    other = torch.arange(256, 256 + 64, device=dev)
     for pos in range(length):
         out = _attention(q, k, v, caches, [(list(range(pos % 5)), 0, other[: pos % 5]),
                                            ([pos], pos, slots[:pos + 1])], kv_heads)
@@ -160,9 +170,11 @@ def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels, monk
 
 
 def _runner(path, dtype_name, blocks=64, block_size=4):
-    loaded = load_model(str(path), dtype_name, progress=False)
-    model = LlamaModel(loaded.config, loaded.weights, 256, torch.device("cpu"))
-    return ModelRunner(model, blocks, block_size, torch.device("cpu"))
+    cpu_precision(dtype_name)
+    dev = torch.device(on_device())
+    loaded = load_model(str(path), dtype_name, str(dev), progress=False)
+    model = LlamaModel(loaded.config, loaded.weights, 256, dev)
+    return ModelRunner(model, blocks, block_size, dev)
 
 
 def _logits(runner, chunks):
@@ -172,6 +184,8 @@ def _logits(runner, chunks):
 @pytest.mark.parametrize("precision", ["float32", "float32-pytorch", "bfloat16", "int4"])
 @pytest.mark.parametrize("arch", ["tiny_qwen", "tiny_llama"])
 def test_model_logits_bitwise_across_batching(arch, precision, request, monkeypatch):
+    if precision == "float32-pytorch" and on_device() != "cpu":
+        pytest.skip("a CPU path")
     if precision == "float32-pytorch":  # as where the C++ kernels do not build: MKL in row blocks, PyTorch ops
         monkeypatch.setattr(attention, "USE_DENSE_KERNEL", False)
         monkeypatch.setattr(attention, "USE_LAYER_KERNELS", False)

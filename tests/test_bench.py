@@ -108,3 +108,28 @@ def test_threads_bench_layer_is_the_real_layout():
     dense = w.parts[0].dequantize()
     assert w.parts[0].bits == 4 and w.parts[0].offset is not None
     torch.testing.assert_close(w(x), x @ dense.T, rtol=1e-4, atol=1e-4)
+
+
+def test_steps_bench_times_rows_per_model_and_precision(tmp_path, monkeypatch, capsys):
+    from conftest import on_device
+
+    from specdec.bench import steps
+    from specdec.models.llama import LlamaConfig
+    tiny = {name: LlamaConfig("qwen2", 300, 64, 128, layers, 4, 2, 16, 1e4, 1e-6, 512, True, False)
+            for name, layers in (("tiny-draft", 1), ("tiny-target", 3))}
+    monkeypatch.setattr(steps, "SHAPES", tiny)
+    out, png = tmp_path / "steps.json", tmp_path / "steps.png"
+    args = ["bench", "steps", "--shapes", "tiny-draft,tiny-target", "--rows", "1,3,8", "--context", "20",
+            "--repeats", "2", "--device", on_device(), "--out", str(out), "--plot", str(png)]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    assert {(r["model"], r["precision"], r["rows"]) for r in report["results"]} == {
+        (m, p, n) for m in tiny for p in ("float32", "bfloat16") for n in (1, 3, 8)}
+    assert all(0 < r["ms_min"] <= r["ms"] <= r["ms_max"] for r in report["results"])
+    assert all(r["vs_first_row_count"] == 1.0 for r in report["results"] if r["rows"] == 1)
+    assert set(report["draft_cost_ratio"]) == {"float32", "bfloat16"}
+    assert all(v["draft"] == "tiny-draft" and v["c"] > 0 for v in report["draft_cost_ratio"].values())
+    assert png.stat().st_size > 1000
+    assert main(["bench", "steps", "--shapes", "nonesuch", "--out", str(tmp_path / "x.json")]) == 2
+    assert main(["bench", "steps", "--precisions", "int4", "--out", str(tmp_path / "x.json")]) == 2
+    assert "no shapes for" in capsys.readouterr().err and not (tmp_path / "x.json").exists()

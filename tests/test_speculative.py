@@ -3,7 +3,7 @@ stops inside accepted blocks, seeds, penalties, proposer failures, and the contr
 from __future__ import annotations
 
 import pytest
-from conftest import engine_config
+from conftest import cpu_precision, engine_config
 
 from specdec.config import SpeculativeConfig
 from specdec.llm import LLM
@@ -301,6 +301,7 @@ def test_subvocab_draft_is_lossless_and_scores_only_its_tokens(tiny_qwen, tiny_l
     """A draft restricted to a frequent-token sub-vocabulary: cheaper output layer, never proposes a
     token outside it, and speculative greedy output still equals plain."""
     import torch
+    cpu_precision(precision)
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     plain = LLM(config=engine_config(str(tiny_qwen), precision=precision), progress=False)
     ref = tokens(plain, params)
@@ -314,8 +315,8 @@ def test_subvocab_draft_is_lossless_and_scores_only_its_tokens(tiny_qwen, tiny_l
     assert ids is not None and len(ids) == 256 < vocab and torch.equal(ids, ids.sort().values)
     assert set(plain.engine.loaded.tokenizer.eos_token_ids) <= set(ids.tolist())
     assert model.lm_head.shape[0] == 256
-    logits = model.compute_logits(torch.randn(model.row_align, model.cfg.hidden_size))
-    outside = torch.ones(vocab, dtype=torch.bool)
+    logits = model.compute_logits(torch.randn(model.row_align, model.cfg.hidden_size, device=model.device))
+    outside = torch.ones(vocab, dtype=torch.bool, device=model.device)
     outside[ids] = False
     assert logits.shape == (model.row_align, vocab) and torch.isinf(logits[:, outside]).all()
     assert torch.isfinite(logits[:, ids]).all()
@@ -330,6 +331,8 @@ def test_subvocab_draft_is_lossless_and_scores_only_its_tokens(tiny_qwen, tiny_l
                                                               ("float32", "bfloat16")])
 def test_a_draft_in_another_precision_is_lossless(tiny_qwen, tiny_llama, target_precision, draft_precision):
     """The draft's numbers only change what gets accepted: a fast int4-a8 draft can serve a float32 target."""
+    cpu_precision(target_precision)
+    cpu_precision(draft_precision)
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     ref = tokens(LLM(config=engine_config(str(tiny_qwen), precision=target_precision), progress=False), params)
     cfg = engine_config(str(tiny_qwen), precision=target_precision)

@@ -23,6 +23,7 @@ from specdec.quant.packed import QuantLinear
 from specdec.runner import attention
 from specdec.runner.attention import (
     AttentionMetadata,
+    in_row_blocks,
     layer_kernels,
     linear,
     paged_attention,
@@ -73,6 +74,12 @@ def param_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.device.type == "cuda":  # a row reduction: one shape for every batch (runner/attention.py)
+        return in_row_blocks(lambda rows: _rms_norm(rows, weight, eps), x)
+    return _rms_norm(x, weight, eps)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # statistics in float32 whatever the activation dtype, like the reference implementations
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)

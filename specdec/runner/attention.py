@@ -13,8 +13,11 @@ there is more than one query row. So:
     heads per KV head ride along as G query rows, so repeated K/V heads are never materialized.
     With float32 caches on an AVX2 CPU this is specdec's own kernel (`layer_ops.cpp`), which reads
     K/V through the slots in place; otherwise one SDPA call per query row.
-bfloat16 GEMM was row-invariant as it is, so it uses F.linear. tests/test_batch_invariance.py checks
-all of this bitwise.
+bfloat16 GEMM was row-invariant as it is on the CPU, so it uses F.linear there. On a GPU the GEMM
+library (and PyTorch's row reductions) pick a kernel, tiling and split by the row count, so every
+linear layer and RMSNorm runs on blocks of exactly CUDA_ROW_BLOCK rows (rows padded to it): one
+shape, one kernel, one summation order for every row. tests/test_batch_invariance.py checks all of
+this bitwise (`pytest --device cuda` on a GPU machine).
 """
 from __future__ import annotations
 
@@ -28,13 +31,27 @@ from specdec.quant.packed import QuantLinear
 
 ROW_ALIGN = 4
 _ROW_BLOCK = 8
+# On an H200 a 64-row GEMM cost what one row does in bfloat16, up to 4x in float32: small beside a step.
+CUDA_ROW_BLOCK = 64
 
 
 def row_align(precision: str, device: str | torch.device = "cpu") -> int:
     """Rows of a forward are padded to a multiple of this (see the module docstring)."""
+    if torch.device(device).type == "cuda":
+        return CUDA_ROW_BLOCK
     if precision.startswith("int4") or (precision == "float32" and dense_kernel(torch.device(device))):
         return 1
     return ROW_ALIGN
+
+
+def in_row_blocks(fn, x: torch.Tensor, block: int = CUDA_ROW_BLOCK) -> torch.Tensor:
+    """fn over each `block`-row slice of x ([num_rows, ...]; zero rows pad the last slice), so that
+    every call has one shape whatever the batch."""
+    n = x.shape[0]
+    if n % block:
+        x = torch.cat([x, x.new_zeros(pad_rows(n, block) - n, *x.shape[1:])])
+    out = fn(x) if x.shape[0] == block else torch.cat([fn(x[i:i + block]) for i in range(0, x.shape[0], block)])
+    return out[:n]
 
 
 def dense_kernel(device: torch.device) -> bool:
@@ -61,6 +78,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantLinear, bias: torch.Tens
     if isinstance(weight, QuantLinear):
         out = weight(x)
         return out if bias is None else out.add_(bias)
+    if x.device.type == "cuda":
+        return in_row_blocks(lambda rows: F.linear(rows, weight, bias), x)
     if x.dtype != torch.float32 or x.device.type != "cpu":
         return F.linear(x, weight, bias)
     num_rows = x.shape[0]

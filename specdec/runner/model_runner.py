@@ -70,6 +70,8 @@ class ModelRunner:
         t1 = time.perf_counter()
         hidden = self.model.forward(input_ids, pos_t, meta, self.kv_caches)
         logits = self.compute_logits(hidden, logit_rows)
+        if self.device.type == "cuda":  # kernels run asynchronously: the cost model needs their real time
+            torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
         if self.tuner:
             self.tuner.record(num_rows, threads, t2 - t1)

@@ -111,7 +111,7 @@ class DraftModelProposer:
         processed = process_logits(logits, p, req.prompt_token_ids, req.output_token_ids + drafts)
         if p.greedy:
             return int(processed.argmax()), None
-        q = torch.softmax(processed, dim=-1)
+        q = torch.softmax(processed.cpu(), dim=-1)  # on the CPU, as the engine's sampler: one stream per seed
         g = self._generators.get(req.request_id)
         if g is None:  # drafts get their own stream so a seed fixes them too
             g = self._generators[req.request_id] = make_generator(None if p.seed is None else p.seed + 1)

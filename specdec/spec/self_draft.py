@@ -93,14 +93,16 @@ def calibration_tokens(tokenizer, n: int = _CALIBRATION_TOKENS) -> list[int]:
 def _top1(loaded, skip: frozenset[int], ids: list[int]) -> torch.Tensor:
     from specdec.models.llama import LlamaModel
     from specdec.runner.attention import AttentionMetadata, SeqAttention, pad_rows
-    cfg = loaded.config
-    model = LlamaModel(cfg, loaded.weights, len(ids) + 8, torch.device("cpu"), skip)
+    cfg, dev = loaded.config, loaded.weights["norm"].device
+    model = LlamaModel(cfg, loaded.weights, len(ids) + 8, dev, skip)
     n = pad_rows(len(ids), model.row_align)
-    caches = [(torch.zeros(n, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype),
-               torch.zeros(n, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype)) for _ in range(cfg.num_layers)]
-    x = torch.tensor(ids + [0] * (n - len(ids)))
-    meta = AttentionMetadata(torch.arange(len(ids)), [SeqAttention(0, len(ids), 0, torch.arange(len(ids)))], n)
-    hidden = model.forward(x, torch.arange(n), meta, caches)
+    caches = [(torch.zeros(n, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype, device=dev),
+               torch.zeros(n, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype, device=dev))
+              for _ in range(cfg.num_layers)]
+    x = torch.tensor(ids + [0] * (n - len(ids)), device=dev)
+    slots = torch.arange(len(ids), device=dev)
+    meta = AttentionMetadata(slots, [SeqAttention(0, len(ids), 0, slots)], n)
+    hidden = model.forward(x, torch.arange(n, device=dev), meta, caches)
     return model.compute_logits(hidden)[: len(ids)].argmax(-1)
 
 

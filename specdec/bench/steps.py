@@ -1,0 +1,154 @@
+"""`specdec bench steps`: what one forward costs by its number of new rows, on any device.
+
+Random weights of a model's real shapes (the registry models' hyperparameters, below), so that it
+runs where the model files are not, such as a GPU machine. For each model and precision: a forward
+of n new rows of one sequence after a context of `--context` tokens, logits at every row included,
+through the engine's own ModelRunner (1 row: a decode step; k + 1: verifying k drafts; more: a
+prefill chunk); median with min-max of `--repeats` runs. Reports milliseconds, the verification
+ratio t(n) / t(1), and c = t_draft(1) / t_target(1) for each draft / target pair: the numbers the
+cost-model controller learns. JSON and a PNG.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specdec.core.outputs import ScheduledChunk, SchedulerOutput
+from specdec.models.llama import LlamaConfig, LlamaModel, param_shapes
+from specdec.models.weight_cache import atomic_write_text
+from specdec.runner.model_runner import ModelRunner
+
+
+def _qwen(hidden: int, intermediate: int, layers: int, heads: int, head_dim: int) -> LlamaConfig:
+    return LlamaConfig("qwen2", 151936, hidden, intermediate, layers, heads, 2, head_dim, 1e6, 1e-6, 32768,
+                       attention_bias=True, tie_embeddings=False)
+
+
+# from the GGUF files' metadata (the registry's sha256s); the draft first, then its target
+SHAPES = {
+    "qwen2.5-coder-0.5b-instruct": _qwen(896, 4864, 24, 14, 64),
+    "qwen2.5-coder-1.5b-instruct": _qwen(1536, 8960, 28, 12, 128),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def random_weights(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device,
+                   seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every parameter at its real shape: matrices ~ N(0, 1/fan_in), norm weights 1."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    weights = {}
+    for name, shape in param_shapes(cfg).items():
+        if len(shape) == 1:
+            weights[name] = torch.ones(shape, dtype=dtype, device=device)
+        else:
+            w = torch.randn(shape, generator=g, device=device, dtype=torch.float32) / shape[-1] ** 0.5
+            weights[name] = w.to(dtype)
+    return weights
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_rows(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, rows: list[int], context: int,
+              repeats: int) -> dict[int, list[float]]:
+    """Seconds of each forward of n new rows after `context` tokens, per n (interleaved over repeats)."""
+    block_size = 16
+    blocks = -(-(context + max(rows)) // block_size)
+    model = LlamaModel(cfg, random_weights(cfg, dtype, device), context + max(rows) + 1, device)
+    runner = ModelRunner(model, blocks, block_size, device)
+    table = list(range(blocks))
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab_size, (context + max(rows),), generator=g).tolist()
+    step = 256  # the context in prefill chunks, as the scheduler would
+    for start in range(0, context, step):
+        chunk = tokens[start:min(start + step, context)]
+        runner.execute(SchedulerOutput([ScheduledChunk("ctx", chunk, start, table, 1)], len(chunk)))
+    times: dict[int, list[float]] = {n: [] for n in rows}
+    for r in range(repeats + 1):  # the first round warms up (kernel choice, allocator)
+        for n in rows:
+            sched = SchedulerOutput([ScheduledChunk("ctx", tokens[context:context + n], context, table, n)], n)
+            _sync(device)
+            t0 = time.perf_counter()
+            runner.execute(sched)
+            _sync(device)
+            if r:
+                times[n].append(time.perf_counter() - t0)
+    del runner, model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return times
+
+
+def run(models: list[str], precisions: list[str], device: str, rows: list[int], context: int, repeats: int,
+        out: str, plot: str | None) -> dict:
+    dev = torch.device(device)
+    unknown = [m for m in models if m not in SHAPES]
+    if unknown:
+        raise ValueError(f"no shapes for {unknown}; known: {', '.join(SHAPES)}")
+    results = []
+    for precision in precisions:
+        for name in models:
+            print(f"steps: {name} {precision} on {device} ...", file=sys.stderr, flush=True)
+            times = time_rows(SHAPES[name], DTYPES[precision], dev, rows, context, repeats)
+            one = statistics.median(times[rows[0]])
+            for n in rows:
+                ms = [t * 1e3 for t in times[n]]
+                results.append({"model": name, "precision": precision, "rows": n, "ms": statistics.median(ms),
+                                "ms_min": min(ms), "ms_max": max(ms),
+                                "vs_first_row_count": statistics.median(times[n]) / one})
+                print(f"  {n:4d} rows: {results[-1]['ms']:9.2f} ms [{min(ms):.2f}-{max(ms):.2f}]  "
+                      f"{results[-1]['vs_first_row_count']:.2f}x", file=sys.stderr, flush=True)
+    cost_ratios = {}
+    for precision in precisions:
+        by_model = {r["model"]: r["ms"] for r in results if r["precision"] == precision and r["rows"] == rows[0]}
+        if len(models) > 1:
+            draft, target = models[0], models[-1]
+            cost_ratios[precision] = {"draft": draft, "target": target, "c": by_model[draft] / by_model[target]}
+    report = {"device": device, "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "context": context, "repeats": repeats,
+              "weights": "random, real shapes", "results": results, "draft_cost_ratio": cost_ratios}
+    atomic_write_text(Path(out), json.dumps(report, indent=1))
+    if plot:
+        _plot(report, plot)
+    return report
+
+
+def _plot(report: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series = sorted({(r["model"], r["precision"]) for r in report["results"]})
+    for model, precision in series:
+        pts = [(r["rows"], r["ms"]) for r in report["results"] if (r["model"], r["precision"]) == (model, precision)]
+        ax.plot(*zip(*pts), marker="o", label=f"{model.removeprefix('qwen2.5-coder-')} {precision}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("new rows in the forward (1 = decode, k + 1 = verification)")
+    ax.set_ylabel("ms per forward (logits at every row)")
+    ax.set_title(f"forward cost by rows, {report['device_name']}, context {report['context']}, random weights")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = Path(path).with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)
+    plt.close(fig)
+
+
+def run_steps_bench(a) -> dict:
+    """From `specdec bench steps`'s arguments."""
+    precisions = a.precisions.split(",") if a.precisions != "int4,int4-a8" else ["float32", "bfloat16"]
+    bad = [p for p in precisions if p not in DTYPES]
+    rows = [int(n) for n in a.rows.split(",")]
+    if bad or a.context < 1 or a.repeats < 1 or min(rows) < 1:
+        raise ValueError(f"steps: precisions from {', '.join(DTYPES)} (random weights: no GGUF blocks to pack), "
+                         "--context, --repeats and --rows >= 1")
+    return run(a.shapes.split(","), precisions, a.device, rows, a.context, a.repeats, a.out, a.plot or None)
