@@ -56,6 +56,42 @@ inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple o
     return hsum(_mm256_add_ps(s0, s1));
 }
 
+// dot(a, b_j, n) for four vectors b_j at once, each with exactly dot()'s arithmetic (so the same bits):
+// a's chunks are loaded once for the four.
+inline void dot4(const float* a, const float* const* b, int64_t n, float* out) {
+    __m256 s0[4], s1[4];
+    const __m256 a0 = _mm256_loadu_ps(a);
+    for (int j = 0; j < 4; ++j) s0[j] = _mm256_mul_ps(a0, _mm256_loadu_ps(b[j])), s1[j] = _mm256_setzero_ps();
+    int64_t i = 8;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 x1 = _mm256_loadu_ps(a + i), x2 = _mm256_loadu_ps(a + i + 8);
+        for (int j = 0; j < 4; ++j) {
+            s1[j] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(b[j] + i), s1[j]);
+            s0[j] = _mm256_fmadd_ps(x2, _mm256_loadu_ps(b[j] + i + 8), s0[j]);
+        }
+    }
+    if (i < n) {
+        const __m256 x1 = _mm256_loadu_ps(a + i);
+        for (int j = 0; j < 4; ++j) s1[j] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(b[j] + i), s1[j]);
+    }
+    for (int j = 0; j < 4; ++j) out[j] = hsum(_mm256_add_ps(s0[j], s1[j]));
+}
+
+// acc[0 .. 8W) += sum over t in [t0, t1), in order, of p[t] * v_t[0 .. 8W), v_t = v + slots[t] * stride;
+// the accumulators stay in registers over the block.
+template <int W>
+inline void pv_block(const float* p, const float* v, const int64_t* slots, int64_t stride, int64_t t0, int64_t t1,
+                     float* acc) {
+    __m256 r[W];
+    for (int i = 0; i < W; ++i) r[i] = _mm256_loadu_ps(acc + 8 * i);
+    for (int64_t t = t0; t < t1; ++t) {
+        const __m256 pt = _mm256_set1_ps(p[t]);
+        const float* vt = v + slots[t] * stride;
+        for (int i = 0; i < W; ++i) r[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * i), r[i]);
+    }
+    for (int i = 0; i < W; ++i) _mm256_storeu_ps(acc + 8 * i, r[i]);
+}
+
 }  // namespace
 
 extern "C" {
@@ -127,6 +163,8 @@ void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads) 
 // out: [rows, num_heads * d] contiguous. The num_heads / num_kv_heads query heads sharing a KV head
 // are done together (each K/V vector is read once for them). scores = q.k * scale; softmax with the
 // maximum subtracted; out = sum_t p_t v_t, with p normalized first. d a multiple of 8.
+constexpr int64_t kTokenBlock = 32;  // 32 keys or values of d = 128: 16 KB
+
 void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
                const float* k_cache, const float* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
                const int64_t* ctx_len, float scale, float* out, int threads) {
@@ -141,9 +179,21 @@ void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int
             const int64_t* slots = ctx_slots + ctx_start[r];
             const float* qh = q + r * ldq + kvh * group * d;
             scores.resize(group * len);
-            for (int64_t t = 0; t < len; ++t) {
-                const float* kp = k_cache + (slots[t] * num_kv_heads + kvh) * d;
-                for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(qh + g * d, kp, d) * scale;
+            // keys in blocks that stay in the L1 cache while every query head of the group reads them
+            for (int64_t t0 = 0; t0 < len; t0 += kTokenBlock) {
+                const int64_t t1 = t0 + kTokenBlock < len ? t0 + kTokenBlock : len;
+                for (int64_t g = 0; g < group; ++g) {
+                    int64_t t = t0;
+                    for (; t + 4 <= t1; t += 4) {
+                        const float* kp[4];
+                        float dots[4];
+                        for (int j = 0; j < 4; ++j) kp[j] = k_cache + (slots[t + j] * num_kv_heads + kvh) * d;
+                        dot4(qh + g * d, kp, d, dots);
+                        for (int j = 0; j < 4; ++j) scores[g * len + t + j] = dots[j] * scale;
+                    }
+                    for (; t < t1; ++t)
+                        scores[g * len + t] = dot(qh + g * d, k_cache + (slots[t] * num_kv_heads + kvh) * d, d) * scale;
+                }
             }
             for (int64_t g = 0; g < group; ++g) {
                 float* s = scores.data() + g * len;
@@ -171,13 +221,24 @@ void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int
                 for (; t < len; ++t) s[t] /= sum;
             }
             for (int64_t i = 0; i < group * d; i += 8) _mm256_storeu_ps(acc.data() + i, _mm256_setzero_ps());
-            for (int64_t t = 0; t < len; ++t) {
-                const float* vp = v_cache + (slots[t] * num_kv_heads + kvh) * d;
+            // each output sums over t in order, as one pass would; 64 of its values stay in registers over a
+            // block of values that stays in the L1 cache
+            for (int64_t t0 = 0; t0 < len; t0 += kTokenBlock) {
+                const int64_t t1 = t0 + kTokenBlock < len ? t0 + kTokenBlock : len;
                 for (int64_t g = 0; g < group; ++g) {
-                    const __m256 p = _mm256_set1_ps(scores[g * len + t]);
-                    float* a = acc.data() + g * d;
-                    for (int64_t i = 0; i < d; i += 8)
-                        _mm256_storeu_ps(a + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + i), _mm256_loadu_ps(a + i)));
+                    const float* p = scores.data() + g * len;
+                    const float* v = v_cache + kvh * d;
+                    int64_t i0 = 0;
+                    for (; i0 + 64 <= d; i0 += 64) pv_block<8>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0);
+                    switch ((d - i0) / 8) {
+                        case 7: pv_block<7>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
+                        case 6: pv_block<6>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
+                        case 5: pv_block<5>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
+                        case 4: pv_block<4>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
+                        case 3: pv_block<3>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
+                        case 2: pv_block<2>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
+                        case 1: pv_block<1>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
+                    }
                 }
             }
             float* o = out + r * num_heads * d + kvh * group * d;
