@@ -95,16 +95,16 @@ def test_quantized_linear_matches_float64_and_is_batch_invariant(name, path, act
 @pytest.mark.parametrize("act8", [False, True], ids=["int4", "int4-a8"])
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_many_rows_pass_over_the_weights_in_blocks_with_the_same_results(name, act8):
-    """The kernel takes long prefills in row blocks that fit the L2 cache (128 rows at k = 512), each in
-    passes of 8 rows over chunks of 256 features: a row is bitwise the same alone, inside the first
-    block, or past several block, pass and chunk boundaries."""
+    """Long prefills go in row blocks that fit the L2 cache (int4-a8), or 8 rows at a time over slices
+    of k and chunks of features (int4): a row is bitwise the same alone, inside the first block, or
+    past several block, slice and chunk boundaries, and in the 1-7 rows left over."""
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
     t = LAYERS[name]
-    tall = lambda a: None if a is None else a.repeat(30, 1)  # noqa: E731 (720 features: three chunks)
-    lin = QuantLinear([QuantTensor(t.bits, t.group, tall(t.codes), tall(t.scale), tall(t.offset), t.cols,
-                                   tall(t.super_scale))], act8)
-    x = torch.randn(300, COLS, generator=torch.Generator().manual_seed(5))
+    big = lambda a: None if a is None else a.repeat(30, 4)  # noqa: E731 (720 features x 2,048: 6 chunks, 3 slices)
+    lin = QuantLinear([QuantTensor(t.bits, t.group, big(t.codes), big(t.scale), big(t.offset), 4 * t.cols,
+                                   big(t.super_scale))], act8)
+    x = torch.randn(300, 4 * COLS, generator=torch.Generator().manual_seed(5))
     y = lin(x)
     for rows in (slice(0, 1), slice(127, 129), slice(130, 139), slice(250, 300), slice(3, 261)):
         assert torch.equal(lin(x[rows]), y[rows]), rows

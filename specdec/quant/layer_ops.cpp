@@ -92,6 +92,20 @@ inline void pv_block(const float* p, const float* v, const int64_t* slots, int64
     for (int i = 0; i < W; ++i) _mm256_storeu_ps(acc + 8 * i, r[i]);
 }
 
+// pv_block for the last 8-56 values of d.
+inline void pv_rest(int64_t w, const float* p, const float* v, const int64_t* slots, int64_t stride, int64_t t0,
+                    int64_t t1, float* acc) {
+    switch (w) {
+        case 7: pv_block<7>(p, v, slots, stride, t0, t1, acc); break;
+        case 6: pv_block<6>(p, v, slots, stride, t0, t1, acc); break;
+        case 5: pv_block<5>(p, v, slots, stride, t0, t1, acc); break;
+        case 4: pv_block<4>(p, v, slots, stride, t0, t1, acc); break;
+        case 3: pv_block<3>(p, v, slots, stride, t0, t1, acc); break;
+        case 2: pv_block<2>(p, v, slots, stride, t0, t1, acc); break;
+        case 1: pv_block<1>(p, v, slots, stride, t0, t1, acc); break;
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -161,7 +175,8 @@ void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads) 
 // q: [rows, num_heads, d] (row stride ldq); k_cache, v_cache: [slots, num_kv_heads, d];
 // ctx_slots: the slots of every row's context, row r's at ctx_slots[ctx_start[r] .. + ctx_len[r]];
 // out: [rows, num_heads * d] contiguous. The num_heads / num_kv_heads query heads sharing a KV head
-// are done together (each K/V vector is read once for them). scores = q.k * scale; softmax with the
+// are done together (each block of 32 keys or values is read from memory once for them, then from the
+// L1 cache; a query is read once for four keys). scores = q.k * scale; softmax with the
 // maximum subtracted; out = sum_t p_t v_t, with p normalized first. d a multiple of 8.
 constexpr int64_t kTokenBlock = 32;  // 32 keys or values of d = 128: 16 KB
 
@@ -228,17 +243,10 @@ void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int
                 for (int64_t g = 0; g < group; ++g) {
                     const float* p = scores.data() + g * len;
                     const float* v = v_cache + kvh * d;
+                    float* a = acc.data() + g * d;
                     int64_t i0 = 0;
-                    for (; i0 + 64 <= d; i0 += 64) pv_block<8>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0);
-                    switch ((d - i0) / 8) {
-                        case 7: pv_block<7>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
-                        case 6: pv_block<6>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
-                        case 5: pv_block<5>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
-                        case 4: pv_block<4>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
-                        case 3: pv_block<3>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
-                        case 2: pv_block<2>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
-                        case 1: pv_block<1>(p, v + i0, slots, num_kv_heads * d, t0, t1, acc.data() + g * d + i0); break;
-                    }
+                    for (; i0 + 64 <= d; i0 += 64) pv_block<8>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
+                    if (i0 < d) pv_rest((d - i0) / 8, p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
                 }
             }
             float* o = out + r * num_heads * d + kvh * group * d;
