@@ -141,36 +141,37 @@ inline void tile(const float* x, int64_t k, const float* xsum, const void* codes
     finish<MT>(acc, k / G, xsum, offset, y, ldy);
 }
 
-// Prefill rows, 8 at a time: a tile loads each activation once per multiply-add, and from the L2 cache
-// (8 rows of k = 1,536 are 48 KB) it does not come fast enough. So k goes in slices of 768 values (8
-// rows of them, 24 KB, stay in the L1 cache), each slice over a chunk of up to 128 features (their
-// slice of weights stays in the L2 cache) before the next. Each output's accumulator waits in a buffer
-// between slices: its arithmetic is exactly `tile`'s, whatever the number of rows. (Zen 4, 256 rows:
-// gate|up 0.29 -> 0.21 ms a row, ffn_down 0.28-0.30 -> 0.21-0.26.)
-template <int BITS, int G>
+// Rows whose activations do not fit the L1 cache (8 rows of k = 1,536 are 48 KB; one row of ffn_down's
+// 8,960 is 35 KB), MT at a time: a tile loads each activation once per multiply-add, and from the L2
+// cache it does not come fast enough. So k goes in slices of 768 values (MT rows of them, at most 24 KB,
+// stay in L1), each slice over a chunk of up to 128 features (their slice of weights stays in L2)
+// before the next. Each output's accumulator waits in a buffer between slices: its arithmetic is
+// exactly `tile`'s, whatever the number of rows. (Zen 4: gate|up at 256 rows 0.29 -> 0.21 ms a row,
+// ffn_down 0.28-0.30 -> 0.21-0.26; ffn_down verifying 5 rows 0.28-0.29 -> 0.22-0.23.)
+template <int BITS, int G, int MT>
 void run_sliced(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale,
                 const float* offset, const float* xsum, int64_t n, float* y, int64_t ldy, int threads) {
     constexpr int64_t slice = 768 / G;  // groups per slice
     const int64_t fair = (n + 2 * threads - 1) / (2 * threads);  // small n: still a chunk for every thread
     const int64_t per = fair < 8 ? 8 : fair > 128 ? 128 : fair;
     const int64_t groups = k / G, row_bytes = BITS == 4 ? k / 2 : k, chunks = (n + per - 1) / per;
-    for (int64_t r0 = 0; r0 + 8 <= rows; r0 += 8) {
+    for (int64_t r0 = 0; r0 + MT <= rows; r0 += MT) {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
         for (int64_t ch = 0; ch < chunks; ++ch) {
             const int64_t j0 = ch * per, j1 = j0 + per < n ? j0 + per : n;
-            alignas(32) float buf[128][8][8];
+            alignas(32) float buf[128][MT][8];
             for (int64_t g0 = 0; g0 < groups; g0 += slice) {
                 const int64_t g1 = g0 + slice < groups ? g0 + slice : groups;
                 for (int64_t j = j0; j < j1; ++j) {
-                    __m256 acc[8];
-                    for (int r = 0; r < 8; ++r) acc[r] = g0 ? _mm256_load_ps(buf[j - j0][r]) : _mm256_setzero_ps();
-                    accumulate<BITS, G, 8>(x + r0 * k, k, (const uint8_t*)codes + j * row_bytes, scale + j * groups,
-                                           g0, g1, acc);
+                    __m256 acc[MT];
+                    for (int r = 0; r < MT; ++r) acc[r] = g0 ? _mm256_load_ps(buf[j - j0][r]) : _mm256_setzero_ps();
+                    accumulate<BITS, G, MT>(x + r0 * k, k, (const uint8_t*)codes + j * row_bytes, scale + j * groups,
+                                            g0, g1, acc);
                     if (g1 < groups) {
-                        for (int r = 0; r < 8; ++r) _mm256_store_ps(buf[j - j0][r], acc[r]);
+                        for (int r = 0; r < MT; ++r) _mm256_store_ps(buf[j - j0][r], acc[r]);
                     } else {
-                        finish<8>(acc, groups, xsum ? xsum + r0 * groups : nullptr,
-                                  offset ? offset + j * groups : nullptr, y + r0 * ldy + j, ldy);
+                        finish<MT>(acc, groups, xsum ? xsum + r0 * groups : nullptr,
+                                   offset ? offset + j * groups : nullptr, y + r0 * ldy + j, ldy);
                     }
                 }
             }
@@ -185,16 +186,30 @@ void run(const float* x, int64_t rows, int64_t k, const void* codes, const float
     // per-group sums of x, always in the same order: the offsets' contribution
     float* xsum = offset ? group_sums<G>(x, rows, k) : nullptr;
     int64_t done = 0;
-    if (rows > 8) {
-        run_sliced<BITS, G>(x, rows, k, codes, scale, offset, xsum, n, y, ldy, threads);
+    if (rows >= 8) {
+        run_sliced<BITS, G, 8>(x, rows, k, codes, scale, offset, xsum, n, y, ldy, threads);
         done = rows / 8 * 8;
     }
-    for_each_feature<BITS, G>(n, rows - done, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
-                              const void* c, const float* s, const float* o) {
-        r += done;
-        tile<BITS, G, decltype(mt)::value>(x + r * k, k, xsum ? xsum + r * groups : nullptr, c, s, o,
-                                           y + r * ldy + j, ldy);
-    });
+    const int64_t rest = rows - done;
+    const float* xr = x + done * k;
+    const float* xs = xsum ? xsum + done * groups : nullptr;
+    float* yr = y + done * ldy;
+    if (rest >= 2 && rest * k * 4 > 32768) {  // a verification over a large k: its rows do not fit L1 either
+        switch (rest) {
+            case 7: run_sliced<BITS, G, 7>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
+            case 6: run_sliced<BITS, G, 6>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
+            case 5: run_sliced<BITS, G, 5>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
+            case 4: run_sliced<BITS, G, 4>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
+            case 3: run_sliced<BITS, G, 3>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
+            case 2: run_sliced<BITS, G, 2>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
+        }
+    } else {
+        for_each_feature<BITS, G>(n, rest, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
+                                  const void* c, const float* s, const float* o) {
+            tile<BITS, G, decltype(mt)::value>(xr + r * k, k, xs ? xs + r * groups : nullptr, c, s, o,
+                                               yr + r * ldy + j, ldy);
+        });
+    }
     delete[] xsum;
 }
 
