@@ -285,6 +285,16 @@ class LLMEngine:
         vocab = out.logits.shape[-1]
         max_k = max(c.num_drafts for _, c in sampled)
         n = len(sampled)
+        if max_k == 0 and all(self.requests[c.request_id].params.greedy for _, c in sampled):
+            # plain greedy steps: the processed argmax is all rejection_sample would compute (k = 0), without
+            # its vocabulary-sized softmax, noise and gathers (about 1.7 ms of a 68 ms 1.5B step here)
+            tokens = []
+            for i, chunk in sampled:
+                req = self.requests[chunk.request_id]
+                row = process_logits(out.logits[out.cu_num_logits[i]], req.params, req.prompt_token_ids,
+                                     req.output_token_ids)
+                tokens.append([int(row.argmax())])
+            return tokens, [0] * n
         draft_ids = torch.full((n, max_k), -1, dtype=torch.long)
         num_draft = torch.zeros(n, dtype=torch.long)
         target = torch.zeros(n, max_k + 1, vocab)
