@@ -92,20 +92,6 @@ inline void pv_block(const float* p, const float* v, const int64_t* slots, int64
     for (int i = 0; i < W; ++i) _mm256_storeu_ps(acc + 8 * i, r[i]);
 }
 
-// pv_block for the last 8-56 values of d.
-inline void pv_rest(int64_t w, const float* p, const float* v, const int64_t* slots, int64_t stride, int64_t t0,
-                    int64_t t1, float* acc) {
-    switch (w) {
-        case 7: pv_block<7>(p, v, slots, stride, t0, t1, acc); break;
-        case 6: pv_block<6>(p, v, slots, stride, t0, t1, acc); break;
-        case 5: pv_block<5>(p, v, slots, stride, t0, t1, acc); break;
-        case 4: pv_block<4>(p, v, slots, stride, t0, t1, acc); break;
-        case 3: pv_block<3>(p, v, slots, stride, t0, t1, acc); break;
-        case 2: pv_block<2>(p, v, slots, stride, t0, t1, acc); break;
-        case 1: pv_block<1>(p, v, slots, stride, t0, t1, acc); break;
-    }
-}
-
 }  // namespace
 
 extern "C" {
@@ -246,7 +232,9 @@ void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int
                     float* a = acc.data() + g * d;
                     int64_t i0 = 0;
                     for (; i0 + 64 <= d; i0 += 64) pv_block<8>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
-                    if (i0 < d) pv_rest((d - i0) / 8, p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
+                    simd::with_count((d - i0) / 8, [&](auto w) {  // the last 8-56 values
+                        pv_block<decltype(w)::value>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
+                    });
                 }
             }
             float* o = out + r * num_heads * d + kvh * group * d;

@@ -74,15 +74,8 @@ void for_each_feature(int64_t n, int64_t rows, int64_t k, const void* codes, con
             const float* o = offset ? offset + j * groups : nullptr;
             int64_t r = r0;
             for (; r + 8 <= r1; r += 8) tile(std::integral_constant<int, 8>{}, j, r, c, s, o);
-            switch (r1 - r) {  // the rest as one tile: k + 1 = 2..8 verification rows decode each group once
-                case 7: tile(std::integral_constant<int, 7>{}, j, r, c, s, o); break;
-                case 6: tile(std::integral_constant<int, 6>{}, j, r, c, s, o); break;
-                case 5: tile(std::integral_constant<int, 5>{}, j, r, c, s, o); break;
-                case 4: tile(std::integral_constant<int, 4>{}, j, r, c, s, o); break;
-                case 3: tile(std::integral_constant<int, 3>{}, j, r, c, s, o); break;
-                case 2: tile(std::integral_constant<int, 2>{}, j, r, c, s, o); break;
-                case 1: tile(std::integral_constant<int, 1>{}, j, r, c, s, o); break;
-            }
+            // the rest as one tile: k + 1 = 2..8 verification rows decode each group once
+            simd::with_count(r1 - r, [&](auto mt) { tile(mt, j, r, c, s, o); });
         }
     }
 }
@@ -195,14 +188,9 @@ void run(const float* x, int64_t rows, int64_t k, const void* codes, const float
     const float* xs = xsum ? xsum + done * groups : nullptr;
     float* yr = y + done * ldy;
     if (rest >= 2 && rest * k * 4 > 32768) {  // a verification over a large k: its rows do not fit L1 either
-        switch (rest) {
-            case 7: run_sliced<BITS, G, 7>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
-            case 6: run_sliced<BITS, G, 6>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
-            case 5: run_sliced<BITS, G, 5>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
-            case 4: run_sliced<BITS, G, 4>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
-            case 3: run_sliced<BITS, G, 3>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
-            case 2: run_sliced<BITS, G, 2>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads); break;
-        }
+        simd::with_count(rest, [&](auto mt) {
+            run_sliced<BITS, G, decltype(mt)::value>(xr, rest, k, codes, scale, offset, xs, n, yr, ldy, threads);
+        });
     } else {
         for_each_feature<BITS, G>(n, rest, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
                                   const void* c, const float* s, const float* o) {
