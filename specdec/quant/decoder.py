@@ -78,11 +78,10 @@ class FusedDecoder:
         return cls(cfg, layers, final_norm)
 
     def _linear(self, weight: QuantLinear | torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
-        parts = weight.parts if isinstance(weight, QuantLinear) else [weight]
+        parts = _parts(weight)
         act8 = isinstance(weight, QuantLinear) and weight.act8
-        subs = weight.subs if isinstance(weight, QuantLinear) else [None]
         arr = (Part * len(parts))()
-        for slot, p, sub in zip(arr, parts, subs):
+        for slot, (p, sub) in zip(arr, parts):
             if isinstance(p, QuantTensor):
                 slot.n, slot.bits, slot.group, slot.act8 = p.rows, p.bits, p.group, int(act8)
                 slot.codes, slot.scale, slot.offset = p.codes.data_ptr(), p.scale.data_ptr(), _ptr(p.offset)
@@ -125,16 +124,19 @@ def _supported(weight: object) -> bool:
     """Whether the C++ loop runs this linear layer as `runner.attention.linear` would: packed parts in a
     layout `qlinear` takes (super-block scales exist only for its two super-block layouts, see
     `QuantTensor.act8_block`), dense float32 parts through `dense_linear` (k a multiple of 8)."""
-    if isinstance(weight, QuantLinear):
-        parts, subs = weight.parts, weight.subs
-    elif isinstance(weight, torch.Tensor):
-        parts, subs = [weight], [None]
-    else:
+    if not isinstance(weight, (QuantLinear, torch.Tensor)):
         return False
-    for p, sub in zip(parts, subs):
+    for p, sub in _parts(weight):
         if isinstance(p, QuantTensor):
             if (p.bits, p.group) not in _SUPPORTED or p.cols % 32 or (sub is not None and p.cols % 256):
                 return False
         elif not (_float32(p) and p.shape[1] % 8 == 0):
             return False
     return True
+
+
+def _parts(weight: QuantLinear | torch.Tensor) -> list[tuple[QuantTensor | torch.Tensor, torch.Tensor | None]]:
+    """A linear layer's parts, each with its int4-a8 integer scales (None where it has none)."""
+    if isinstance(weight, QuantLinear):
+        return list(zip(weight.parts, weight.subs))
+    return [(weight, None)]
