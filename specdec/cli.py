@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from specdec.config import DEFAULT_TARGET, PRECISIONS, SPEC_POLICIES
+from specdec.config import AUTO_CPU_PRECISION, DEFAULT_TARGET, PRECISIONS, SPEC_POLICIES
 from specdec.sampling_params import SamplingParams
 
 
@@ -75,8 +75,8 @@ def _add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft model scores only N frequent tokens (cheaper steps; still lossless)")
     p.add_argument("--draft-precision", choices=PRECISIONS, default=None,
-                   help="the draft model's precision (default: int4-a8 where the target defaults to int4, else the "
-                        "target's; output is unchanged either way)")
+                   help="the draft model's precision (default: int4-a8 where the target defaults to int4-a16, "
+                        "else the target's; output is unchanged either way)")
     p.add_argument("--spec-deterministic", action="store_true",
                    help="cost model decides from acceptance counts alone (a seed then fixes the text)")
 
@@ -383,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(b)
     b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
     b.add_argument("--draft-precision", choices=PRECISIONS, default=None,
-                   help="the draft arms' draft precision (default: int4-a8 where the target defaults to int4, "
+                   help="the draft arms' draft precision (default: int4-a8 where the target defaults to int4-a16, "
                         "else the target's)")
     b.add_argument("--arms", default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram[,ngram_fixed]; "
                                                 "serve: plain,draft[,ngram]")
@@ -428,17 +428,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_precision(a: argparse.Namespace) -> None:
-    """`auto` -> int4 on a CPU where the kernel builds (its greedy output matched float32's for 32
-    tokens on 10 of 10 shipped prompts, at 2.5x the speed: README, Precision modes), else float32.
-    Says which on stderr; every output's stats.precision records it."""
+    """`auto` -> int4-a16 on a CPU where the kernel builds (the fastest mode whose greedy output matched
+    float32's for 32 tokens on the shipped prompts: 10 of 10, at 3.1x the speed, where int4-a8 matched
+    3 of 10; README, Precision modes), else float32. Says which on stderr; every output's
+    stats.precision records it."""
     if getattr(a, "precision", None) != "auto":
         return
     device = getattr(a, "device", None) or "cpu"  # `serve` leaves --device unset (None) unless given
     if device == "cpu":
         from specdec.quant import kernel
         if kernel.available():
-            a.precision = "int4"
-            print("precision: int4 (the default on this CPU: the GGUF's own weights, float32 activations; "
+            a.precision = AUTO_CPU_PRECISION
+            print(f"precision: {AUTO_CPU_PRECISION} (the default on this CPU: the GGUF's own weights, activations "
+                  "rounded to int16 on its K-quant matrices, greedy output as float32's on the shipped prompts; "
                   "--precision float32 for the exact oracle)", file=sys.stderr)
             _default_draft_precision(a)
             return
@@ -450,7 +452,7 @@ def resolve_precision(a: argparse.Namespace) -> None:
 
 
 def _default_draft_precision(a: argparse.Namespace) -> None:
-    """With the int4 default, a draft model runs in int4-a8 unless told otherwise: the draft's numbers
+    """With the CPU default, a draft model runs in int4-a8 unless told otherwise: the draft's numbers
     never change the output (rejection sampling is exact for any draft), and its integer dot products
     make a draft step cheaper at the same acceptance (README, Precision modes). Not over a YAML file's
     choice, nor for self-speculation, which runs the target's own weights."""

@@ -11,9 +11,12 @@ from pathlib import Path
 from typing import Any
 
 # float32: exact dequantization (the oracle); bfloat16: dense bf16; int4: the file's own blocks as packed
-# int4/int8 codes with float32 activations (weight-only, near-lossless; see specdec/quant); int4-a8: the
-# same weights with activations rounded to int8 per 32 values (llama.cpp's scheme, the fastest on CPUs)
-PRECISIONS = ("float32", "bfloat16", "int4", "int4-a8")
+# int4/int8 codes with float32 activations (weight-only, near-lossless; see specdec/quant); int4-a16: the
+# same weights with activations rounded to int16 per 256 values on K-quant matrices (integer dot
+# products, near-lossless); int4-a8: activations rounded to int8 (llama.cpp's scheme, the fastest on
+# CPUs, lossy)
+PRECISIONS = ("float32", "bfloat16", "int4", "int4-a16", "int4-a8")
+AUTO_CPU_PRECISION = "int4-a16"  # the CLI's `auto` where the CPU kernel builds (cli.resolve_precision)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 
 

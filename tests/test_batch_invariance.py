@@ -211,7 +211,8 @@ def test_model_logits_bitwise_across_batching(arch, precision, request, monkeypa
 
 @pytest.mark.parametrize("arch,precision,skip", [
     ("tiny_qwen", "float32", ()), ("tiny_qwen", "int4", ()), ("tiny_llama", "int4", ()), ("tiny_kquant", "int4", ()),
-    ("tiny_kquant", "int4-a8", ()), ("tiny_qwen", "int4-a8", ()), ("tiny_qwen", "int4", (1,))])
+    ("tiny_kquant", "int4-a8", ()), ("tiny_kquant", "int4-a16", ()), ("tiny_qwen", "int4-a8", ()),
+    ("tiny_qwen", "int4", (1,))])
 def test_fused_decoder_matches_the_python_loop(arch, precision, skip, request, monkeypatch):
     """The layer loop in one C++ call (quant/decoder.py) gives bitwise the Python loop's logits and
     K/V, over prefill chunks and decode steps batched with another request (and with layers skipped,

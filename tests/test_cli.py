@@ -21,7 +21,7 @@ def run(capsys, *args):
     return code, out.out, out.err
 
 
-DEFAULT_PRECISION = "int4" if kernel.available() else "float32"
+DEFAULT_PRECISION = "int4-a16" if kernel.available() else "float32"
 
 
 def test_generate_json_lines_in_order(capsys, tiny_qwen, tmp_path):
@@ -44,7 +44,7 @@ def test_generate_json_lines_in_order(capsys, tiny_qwen, tmp_path):
 
 
 def test_default_precision_is_said_and_recorded(capsys, tiny_qwen):
-    """The CLI's default mode is int4 where the kernel builds (said on stderr), float32 on request."""
+    """The CLI's default mode is int4-a16 where the kernel builds (said on stderr), float32 on request."""
     code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--json", "--max-tokens", 2, "hi")
     assert code == 0 and f"precision: {DEFAULT_PRECISION}" in err
     assert json.loads(out.splitlines()[0])["stats"]["precision"] == DEFAULT_PRECISION
@@ -55,19 +55,19 @@ def test_default_precision_is_said_and_recorded(capsys, tiny_qwen):
 
 
 def test_default_draft_precision_follows_the_default_mode(capsys, tiny_qwen, tiny_llama):
-    """With the int4 default a draft model runs in int4-a8 (its numbers never change the output); an
+    """With the int4-a16 default a draft model runs in int4-a8 (its numbers never change the output); an
     explicit --draft-precision, an explicit --precision, or self-speculation keep theirs."""
     from specdec.cli import build_parser, resolve_precision
     a = build_parser().parse_args(["generate", "--model", str(tiny_qwen), "--draft", str(tiny_llama), "hi"])
     resolve_precision(a)
-    assert a.draft_precision == ("int4-a8" if DEFAULT_PRECISION == "int4" else None)
+    assert a.draft_precision == ("int4-a8" if DEFAULT_PRECISION == "int4-a16" else None)
     for flags in (["--draft-precision", "float32"], ["--precision", "float32"], ["--draft", "self:skip=1-1"]):
         a = build_parser().parse_args(["generate", "--model", str(tiny_qwen), *flags, "hi"])
         resolve_precision(a)
         assert a.draft_precision == (flags[1] if flags[0] == "--draft-precision" else None)
     code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--draft", tiny_llama, "--json", "--max-tokens", 3,
                          "--spec-policy", "fixed", "hi")
-    assert code == 0 and f"({'int4-a8' if DEFAULT_PRECISION == 'int4' else 'the target precision'})" in err
+    assert code == 0 and f"({'int4-a8' if DEFAULT_PRECISION == 'int4-a16' else 'the target precision'})" in err
     assert json.loads(out.splitlines()[0])["stats"]["precision"] == DEFAULT_PRECISION
 
 

@@ -71,6 +71,6 @@ def test_cli_default_target_json():
     assert r.returncode == 0, r.stderr[-2000:]
     line = json.loads(r.stdout.strip().splitlines()[-1])
     from specdec.quant import kernel
-    default = "int4" if kernel.available() else "float32"  # the CLI's auto precision
+    default = "int4-a16" if kernel.available() else "float32"  # the CLI's auto precision
     assert line["stats"]["generated_tokens"] == 6 and line["stats"]["precision"] == default
     assert f"precision: {default}" in r.stderr and "qwen2.5-coder-1.5b-instruct" in r.stderr

@@ -71,17 +71,21 @@ def path(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("act8", [False, True], ids=["int4", "int4-a8"])
+ACTS = pytest.mark.parametrize("act", [0, 8, 16], ids=["int4", "int4-a8", "int4-a16"])
+
+
+@ACTS
 @pytest.mark.parametrize("name", list(LAYERS))
-def test_quantized_linear_matches_float64_and_is_batch_invariant(name, path, act8):
+def test_quantized_linear_matches_float64_and_is_batch_invariant(name, path, act):
     qt = LAYERS[name]
-    lin = QuantLinear([qt], act8)
+    lin = QuantLinear([qt], act)
     x = torch.randn(11, COLS, generator=torch.Generator().manual_seed(1))
-    # int4-a8 rounds x to int8 per 32 values, per 256 on K-quant super-blocks (offsets see the unrounded
-    # sums); int4 uses x as it is
-    xr = packed.quantize_act8(x, qt.act8_block) if act8 else x
+    # int4-a8 rounds x to int8 per 32 values, per 256 on K-quant super-blocks; int4-a16 to int16 per 256
+    # values on super-blocks only (offsets see the unrounded sums); int4 uses x as it is
+    act = qt.act_of(act)
+    xr = packed.quantize_act(x, 256 if act == 16 else qt.act8_block, act) if act else x
     ref = xr.double() @ qt.dequantize().double().t()
-    if act8 and qt.offset is not None:
+    if act and qt.offset is not None:
         xs = lambda v: v.double().view(11, -1, qt.group).sum(-1)  # noqa: E731
         ref += (xs(x) - xs(xr)) @ qt.offset.double().t()
     y = lin(x)
@@ -92,9 +96,9 @@ def test_quantized_linear_matches_float64_and_is_batch_invariant(name, path, act
         assert torch.equal(lin(x[sel]), y[sel])
 
 
-@pytest.mark.parametrize("act8", [False, True], ids=["int4", "int4-a8"])
+@ACTS
 @pytest.mark.parametrize("name", list(LAYERS))
-def test_many_rows_pass_over_the_weights_in_blocks_with_the_same_results(name, act8):
+def test_many_rows_pass_over_the_weights_in_blocks_with_the_same_results(name, act):
     """Long prefills go in row blocks that fit the L2 cache (int4-a8), or 8 rows at a time over slices
     of k and chunks of features (int4): a row is bitwise the same alone, inside the first block, or
     past several block, slice and chunk boundaries, and in the 1-7 rows left over."""
@@ -103,7 +107,7 @@ def test_many_rows_pass_over_the_weights_in_blocks_with_the_same_results(name, a
     t = LAYERS[name]
     big = lambda a: None if a is None else a.repeat(30, 4)  # noqa: E731 (720 features x 2,048: 6 chunks, 3 slices)
     lin = QuantLinear([QuantTensor(t.bits, t.group, big(t.codes), big(t.scale), big(t.offset), 4 * t.cols,
-                                   big(t.super_scale))], act8)
+                                   big(t.super_scale))], act)
     x = torch.randn(300, 4 * COLS, generator=torch.Generator().manual_seed(5))
     y = lin(x)
     for rows in (slice(0, 1), slice(127, 129), slice(130, 139), slice(250, 300), slice(3, 261), slice(10, 15),
@@ -139,13 +143,14 @@ def test_kernel_refuses_an_unsupported_layout():
 @pytest.mark.parametrize("target", ["tiny_qwen", "tiny_kquant"])
 def test_int4_model_logits_close_to_float32(target, request):
     """Report-style check: int4 keeps the file's weights, so only the summation order differs; int4-a8
-    also rounds activations to int8 (per 256 values on the K-quant model's super-blocks)."""
+    also rounds activations to int8 (per 256 values on the K-quant model's super-blocks), int4-a16 to
+    int16 on super-blocks only (elsewhere it is int4)."""
     from specdec.models.loader import load_model
     from specdec.models.llama import LlamaModel
     from specdec.runner.attention import AttentionMetadata, SeqAttention
     ids = torch.tensor([5, 17, 99, 3, 250, 41, 7])
     out, supers = {}, {}
-    for precision in ("float32", "int4", "int4-a8"):
+    for precision in ("float32", "int4", "int4-a16", "int4-a8"):
         loaded = load_model(str(request.getfixturevalue(target)), precision, progress=False)
         assert loaded.precision == precision
         supers[precision] = sum(sub is not None for w in loaded.weights.values() if isinstance(w, QuantLinear)
@@ -165,6 +170,12 @@ def test_int4_model_logits_close_to_float32(target, request):
     err8 = (out["int4-a8"] - out["float32"]).abs().max().item()
     assert err < err8 < 0.1 * scale
     assert supers["int4"] == 0 and (supers["int4-a8"] > 0) == (target == "tiny_kquant")
+    assert supers["int4-a16"] == supers["int4-a8"]
+    err16 = (out["int4-a16"] - out["float32"]).abs().max().item()
+    if target == "tiny_kquant":
+        assert err < err16 < err8 / 50  # int16 rounding: 256 times finer than int8
+    else:
+        assert torch.equal(out["int4-a16"], out["int4"])  # no super-blocks: float32 activations
 
 
 def test_k_quant_scales_are_integers_times_one_scale_per_super_block():
@@ -182,8 +193,20 @@ def test_k_quant_scales_are_integers_times_one_scale_per_super_block():
     bad = LAYERS["Q4_K"]
     bad = QuantTensor(bad.bits, bad.group, bad.codes, bad.scale * 1.001, bad.offset, bad.cols, bad.super_scale)
     with pytest.raises(ValueError, match="integer multiples"):
-        QuantLinear([bad], act8=True)
-    QuantLinear([bad], act8=False)  # weight-only int4 never needs the integer scales
+        QuantLinear([bad], act=8)
+    QuantLinear([bad], act=0)  # weight-only int4 never needs the integer scales
+
+
+def test_int4_a16_refuses_integer_scales_that_would_overflow_its_int16_products():
+    """int4-a16 multiplies codes by the integer group scales in int16 and sums them in int32 lanes:
+    scales larger than a real Q4_K's 6 bits would overflow, so such a layer is refused, not miscomputed."""
+    q = LAYERS["Q4_K"]
+    big = QuantTensor(q.bits, q.group, q.codes, q.super_scale.repeat_interleave(8, dim=1) * 100, q.offset, q.cols,
+                      q.super_scale)
+    assert big.sub_scales().max() == 100
+    with pytest.raises(ValueError, match="overflow"):
+        QuantLinear([big], act=16)
+    QuantLinear([big], act=8)  # int8 products (vpmaddubsw) have room for 8-bit scales
 
 
 def test_an_older_packed_cache_is_packed_again(tiny_kquant, tmp_path, monkeypatch):
@@ -207,7 +230,7 @@ def test_an_older_packed_cache_is_packed_again(tiny_kquant, tmp_path, monkeypatc
     assert load_model(str(tiny_kquant), "int4-a8", progress=False).cache_hit
 
 
-@pytest.mark.parametrize("precision", ["int4", "int4-a8"])
+@pytest.mark.parametrize("precision", ["int4", "int4-a16", "int4-a8"])
 @pytest.mark.parametrize("method,draft", [("ngram", None), ("draft_model", "tiny_llama")])
 @pytest.mark.parametrize("target", ["tiny_qwen", "tiny_kquant"])
 def test_int4_speculative_equals_plain_greedy(target, request, method, draft, precision):

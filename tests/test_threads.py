@@ -71,7 +71,7 @@ def test_candidate_counts(n, counts):
 
 
 @pytest.mark.parametrize("path", ["kernel", "mkl"])
-@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int4", "int4-a8"])
+@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int4", "int4-a16", "int4-a8"])
 def test_thread_count_never_changes_logits(tiny_qwen, precision, path, monkeypatch, restore_threads):
     from specdec.core.outputs import ScheduledChunk, SchedulerOutput
     from specdec.models.llama import LlamaModel

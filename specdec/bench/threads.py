@@ -39,7 +39,7 @@ def layer(kind: str, out_features: int, in_features: int, seed: int = 0):
     qt = QuantTensor(4, 32, torch.randint(0, 256, (out_features, in_features // 2), generator=g, dtype=torch.uint8),
                      scale, -torch.rand(out_features, groups, generator=g) / 8, in_features,
                      d if in_features % 256 == 0 else None)  # a row of whole super-blocks, as Q4_K has
-    return QuantLinear([qt], act8=kind == "int4-a8")
+    return QuantLinear([qt], act=8 if kind == "int4-a8" else 0)
 
 
 def time_call(fn, calls: int) -> float:

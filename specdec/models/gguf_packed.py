@@ -1,5 +1,5 @@
-"""GGUF -> weight-only quantized model (precisions "int4", "int4-a8"): every matrix stays in its file's blocks,
-carried into packed codes (`specdec.quant`); norms and biases are float32.
+"""GGUF -> weight-only quantized model (precisions "int4", "int4-a16", "int4-a8"): every matrix stays in
+its file's blocks, carried into packed codes (`specdec.quant`); norms and biases are float32.
 
 Q4_K / Q4_0 / Q4_1 become int4 codes (32-value groups, scale and offset); Q5_0 / Q5_K / Q6_K / Q8_0
 become int8 codes (16- or 32-value groups); both decode to exactly the file's values. Other types
@@ -34,7 +34,7 @@ def _is_matrix(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in _MATRICES
 
 
-def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]], act8: bool) -> dict[str, object]:
+def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]], act: int) -> dict[str, object]:
     weights: dict[str, object] = {}
     for name, parts in layout.items():
         if not parts:
@@ -48,13 +48,13 @@ def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]], act8
             else:
                 built.append(QuantTensor(part["bits"], part["group"], flat[key + "codes"], flat[key + "scale"],
                                          flat.get(key + "offset"), part["cols"], flat.get(key + "super_scale")))
-        weights[name] = QuantLinear(built, act8)
+        weights[name] = QuantLinear(built, act)
     return weights
 
 
-def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act8: bool = False, progress: bool = True
+def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, progress: bool = True
                      ) -> tuple[LlamaConfig, dict[str, object], bool]:
-    """Returns (config, weights, cache_hit); matrices are QuantLinear (int8 activations if `act8`),
+    """Returns (config, weights, cache_hit); matrices are QuantLinear (`act`: their activations' bits),
     the rest float32 tensors."""
     cache_path, config_path = cache_dir / CACHE_NAME, cache_dir / "config.json"
     if cache_path.exists() and config_path.exists():
@@ -63,7 +63,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act8: bool = Fals
             meta = f.metadata()
         if meta.get("format") == PACK_FORMAT:
             cfg = LlamaConfig(**json.loads(config_path.read_text()))
-            return cfg, _assemble(weight_cache.load_mmap(cache_path), json.loads(meta["layout"]), act8), True
+            return cfg, _assemble(weight_cache.load_mmap(cache_path), json.loads(meta["layout"]), act), True
 
     meta = read_metadata(path)
     reader = open_reader(path)
@@ -116,7 +116,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act8: bool = Fals
     finally:
         tmp.unlink(missing_ok=True)
     weight_cache.atomic_write_text(config_path, json.dumps(cfg.__dict__, indent=1))
-    weights = _assemble(flat, layout, act8)
+    weights = _assemble(flat, layout, act)
     for name, w in weights.items():
         if isinstance(w, QuantLinear) and w.shape != shapes[name]:
             raise ModelFileError(f"{path}: {name} has shape {w.shape}, expected {shapes[name]}")

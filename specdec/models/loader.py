@@ -17,6 +17,8 @@ from specdec.models.tokenizer import Tokenizer
 from specdec.models.weight_cache import file_sha256
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# the packed precisions: the bits activations are rounded to for integer dot products (0: float32)
+ACT_BITS = {"int4": 0, "int4-a16": 16, "int4-a8": 8}
 
 
 @dataclass
@@ -67,7 +69,7 @@ def load_model(model: str, precision: str = "float32", device: str = "cpu", prog
         if device != "cpu":
             raise ValueError(f"precision {precision} runs on the CPU kernel; use bfloat16 on CUDA")
         from specdec.models.gguf_packed import load_gguf_packed
-        cfg, weights, hit = load_gguf_packed(path, sha, cache_dir, act8=precision == "int4-a8", progress=progress)
+        cfg, weights, hit = load_gguf_packed(path, sha, cache_dir, act=ACT_BITS[precision], progress=progress)
     else:
         cfg, weights, hit = load_gguf(path, sha, cache_dir, DTYPES[precision], device, progress)
     tok = Tokenizer.from_gguf(path, cache_dir)

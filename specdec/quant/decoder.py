@@ -17,7 +17,7 @@ _SUPPORTED = {(4, 32), (8, 32), (8, 16)}  # (bits, group) the linear kernel runs
 
 
 class Part(ctypes.Structure):
-    _fields_ = [("n", ctypes.c_int64), ("bits", ctypes.c_int), ("group", ctypes.c_int), ("act8", ctypes.c_int),
+    _fields_ = [("n", ctypes.c_int64), ("bits", ctypes.c_int), ("group", ctypes.c_int), ("act", ctypes.c_int),
                 ("codes", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
                 ("dsup", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("dense", ctypes.c_void_p)]
 
@@ -79,11 +79,11 @@ class FusedDecoder:
 
     def _linear(self, weight: QuantLinear | torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         parts = _parts(weight)
-        act8 = isinstance(weight, QuantLinear) and weight.act8
+        act = weight.act if isinstance(weight, QuantLinear) else 0
         arr = (Part * len(parts))()
         for slot, (p, sub) in zip(arr, parts):
             if isinstance(p, QuantTensor):
-                slot.n, slot.bits, slot.group, slot.act8 = p.rows, p.bits, p.group, int(act8)
+                slot.n, slot.bits, slot.group, slot.act = p.rows, p.bits, p.group, p.act_of(act)
                 slot.codes, slot.scale, slot.offset = p.codes.data_ptr(), p.scale.data_ptr(), _ptr(p.offset)
                 if sub is not None:
                     slot.sub, slot.dsup = sub.data_ptr(), p.super_scale.data_ptr()
@@ -123,7 +123,7 @@ class FusedDecoder:
 def _supported(weight: object) -> bool:
     """Whether the C++ loop runs this linear layer as `runner.attention.linear` would: packed parts in a
     layout `qlinear` takes (super-block scales exist only for its two super-block layouts, see
-    `QuantTensor.act8_block`), dense float32 parts through `dense_linear` (k a multiple of 8)."""
+    `QuantTensor.super_blocks`), dense float32 parts through `dense_linear` (k a multiple of 8)."""
     if not isinstance(weight, (QuantLinear, torch.Tensor)):
         return False
     for p, sub in _parts(weight):
@@ -136,7 +136,7 @@ def _supported(weight: object) -> bool:
 
 
 def _parts(weight: QuantLinear | torch.Tensor) -> list[tuple[QuantTensor | torch.Tensor, torch.Tensor | None]]:
-    """A linear layer's parts, each with its int4-a8 integer scales (None where it has none)."""
+    """A linear layer's parts, each with its integer group scales (None where it has none)."""
     if isinstance(weight, QuantLinear):
         return list(zip(weight.parts, weight.subs))
     return [(weight, None)]

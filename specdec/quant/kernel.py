@@ -107,19 +107,20 @@ def unavailable_reason() -> str | None:
 
 
 def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: torch.Tensor,
-            offset: torch.Tensor | None, out: torch.Tensor, act8: bool = False,
+            offset: torch.Tensor | None, out: torch.Tensor, act: int = 0,
             sub: torch.Tensor | None = None, super_scale: torch.Tensor | None = None) -> None:
     """out[:, :n] = x @ W.T for W given by (codes, scale, offset); x: [rows, k] float32 contiguous,
     out: [rows, >= n] float32 with unit column stride (a column slice of a wider output is fine).
-    act8: x is first quantized to int8 per 32 values and the dot products are integer (int4-a8);
+    act 8: x is first quantized to int8 per 32 values and the dot products are integer (int4-a8);
     with sub ([n, k / group] int16) and super_scale ([n, k / 256] float32), scale == super_scale * sub
-    per 256 values (Q4_K, Q6_K) and x is quantized per 256 values: one integer sum per super-block."""
+    per 256 values (Q4_K, Q6_K) and x is quantized per 256 values: one integer sum per super-block.
+    act 16: x quantized to int16 per 256 values, integer dot products (int4-a16; needs sub)."""
     lib = _lib()
     assert x.dtype == torch.float32 and x.is_contiguous() and out.stride(1) == 1
     assert sub is None or (sub.dtype == torch.int16 and sub.is_contiguous() and super_scale is not None)
     rc = lib.qlinear(x.data_ptr(), x.shape[0], x.shape[1], bits, group, codes.data_ptr(), scale.data_ptr(),
                      offset.data_ptr() if offset is not None else None, codes.shape[0], out.data_ptr(),
-                     out.stride(0), torch.get_num_threads(), int(act8),
+                     out.stride(0), torch.get_num_threads(), act,
                      sub.data_ptr() if sub is not None else None,
                      super_scale.data_ptr() if super_scale is not None else None)
     if rc != 0:

@@ -3,11 +3,13 @@
 A `QuantTensor` is one GGUF matrix as integer codes (int4: two per byte; int8) with float32 scale and
 offset per group. A `QuantLinear` stacks parts along the output dimension, because a fused projection
 (q|k|v, gate|up) can mix block types (the 1.5B's attn_v is Q6_K, its attn_q Q4_K); each part writes
-its own columns of one output. Activations stay float32 (precision int4: weight-only), or with
-`act8` are rounded to int8 for integer dot products (precision int4-a8, llama.cpp's scheme: faster on
-CPUs, and a further approximation of the float32 oracle): per 256 values for Q4_K and Q6_K matrices,
-whose group scales are integers times one float per 256 values (one exact integer sum per super-block),
-per 32 values for the rest.
+its own columns of one output. Activations stay float32 (`act` 0, precision int4: weight-only), or are
+rounded for integer dot products:
+- `act` 8 (precision int4-a8, llama.cpp's scheme: the fastest on CPUs, and a further approximation of
+  the float32 oracle): to int8 per 256 values for Q4_K and Q6_K matrices, whose group scales are
+  integers times one float per 256 values (one exact integer sum per super-block), per 32 for the rest;
+- `act` 16 (precision int4-a16): to int16 per 256 values, 256 times finer, on Q4_K and Q6_K matrices;
+  the other block types keep float32 activations.
 """
 from __future__ import annotations
 
@@ -51,8 +53,18 @@ class QuantTensor:
     def act8_block(self) -> int:
         """Values per int8 activation scale under int4-a8: 256 where the kernel sums whole K-quant
         super-blocks in integers (Q4_K: int4 codes in groups of 32; Q6_K: int8 codes in groups of 16)."""
-        super_layout = (self.bits, self.group) in ((4, 32), (8, 16))
-        return 256 if self.super_scale is not None and super_layout else 32
+        return 256 if self.super_blocks else 32
+
+    @property
+    def super_blocks(self) -> bool:
+        """Whether the group scales are integers times one float per 256 values in a layout the integer
+        kernels sum by super-block (Q4_K: int4 codes in groups of 32; Q6_K: int8 codes in groups of 16)."""
+        return self.super_scale is not None and (self.bits, self.group) in ((4, 32), (8, 16))
+
+    def act_of(self, act: int) -> int:
+        """The activation rounding this part runs under a layer's `act`: int4-a16 rounds only on
+        super-blocks (elsewhere float32 activations), int4-a8 everywhere."""
+        return 0 if act == 16 and not self.super_blocks else act
 
     def sub_scales(self) -> torch.Tensor:
         """[rows, cols // group] int16 s with scale == super_scale * s exactly (the block's integer scales)."""
@@ -95,11 +107,13 @@ class QuantLinear:
     block type with no packed form). Each output element is reduced in an order fixed by the kernel,
     whatever the number of rows: batch-invariant."""
 
-    def __init__(self, parts: list[QuantTensor | torch.Tensor], act8: bool = False) -> None:
+    def __init__(self, parts: list[QuantTensor | torch.Tensor], act: int = 0) -> None:
+        """act: activation bits of the integer dot products, 0 (float32 activations), 8 or 16."""
+        assert act in ACT_BITS, act
         self.parts = parts
-        self.act8 = act8
-        # int4-a8 on K-quant super-blocks: each part's integer group scales, or None
-        self.subs = [p.sub_scales() if act8 and isinstance(p, QuantTensor) and p.act8_block == 256 else None
+        self.act = act
+        # integer activations on K-quant super-blocks: each part's integer group scales, or None
+        self.subs = [_sub_scales(p, act) if act and isinstance(p, QuantTensor) and p.super_blocks else None
                      for p in parts]
         cols = {p.cols if isinstance(p, QuantTensor) else p.shape[1] for p in parts}
         assert len(cols) == 1, f"parts disagree on the input size: {cols}"
@@ -124,10 +138,10 @@ class QuantLinear:
             if not isinstance(p, QuantTensor):
                 out[:, col:col + n] = linear(x, p)
             elif use_kernel:
-                kernel.qlinear(x, p.bits, p.group, p.codes, p.scale, p.offset, out[:, col:col + n], self.act8,
-                               sub, p.super_scale if sub is not None else None)
+                kernel.qlinear(x, p.bits, p.group, p.codes, p.scale, p.offset, out[:, col:col + n],
+                               p.act_of(self.act), sub, p.super_scale if sub is not None else None)
             else:
-                out[:, col:col + n] = _reference(x, p, self.act8)
+                out[:, col:col + n] = _reference(x, p, p.act_of(self.act))
             col += n
         return out
 
@@ -137,10 +151,10 @@ class QuantLinear:
             raise ValueError("row selection needs a single-part layer")
         p = self.parts[0]
         if not isinstance(p, QuantTensor):
-            return QuantLinear([p[ids].contiguous()], self.act8)
+            return QuantLinear([p[ids].contiguous()], self.act)
         rows = lambda t: None if t is None else t[ids].contiguous()  # noqa: E731
         sub = QuantTensor(p.bits, p.group, rows(p.codes), rows(p.scale), rows(p.offset), p.cols, rows(p.super_scale))
-        return QuantLinear([sub], self.act8)
+        return QuantLinear([sub], self.act)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of W for the given ids (the embedding table as a lookup): [len(ids), in] float32."""
@@ -150,26 +164,42 @@ class QuantLinear:
         return p.dequantize(ids) if isinstance(p, QuantTensor) else p[ids].float()
 
 
+ACT_BITS = (0, 8, 16)
+# int4-a16 multiplies int16 activations by code * integer scale as int16, and an int32 lane sums 32
+# (Q4_K) or 16 (Q6_K) such products before it goes to float (`tile_a16` in qlinear.cpp): these bound
+# the integer scales so that neither overflows (a real file's are 6-bit for Q4_K and int8 for Q6_K).
+_A16_MAX_SUB = {4: 63, 8: 128}
+
+
+def _sub_scales(p: QuantTensor, act: int) -> torch.Tensor:
+    sub = p.sub_scales()
+    if act == 16 and sub.abs().max() > _A16_MAX_SUB[p.bits]:
+        raise ValueError(f"int4-a16: integer group scales up to {int(sub.abs().max())} would overflow the "
+                         f"kernel's int16 products (at most {_A16_MAX_SUB[p.bits]} for {p.bits}-bit codes)")
+    return sub
+
+
 @functools.cache
 def _warn_fallback() -> None:
     print(f"warning: the int4 kernel is unavailable ({kernel.unavailable_reason()}); running the PyTorch "
           "fallback, which is many times slower", file=sys.stderr)
 
 
-def quantize_act8(x: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """x rounded the way the int4-a8 kernel rounds it: per `block` values, scale = max|x| / 127."""
+def quantize_act(x: torch.Tensor, block: int = 32, bits: int = 8) -> torch.Tensor:
+    """x rounded the way the integer kernels round it: per `block` values, scale = max|x| / 127
+    (int8) or / 32767 (int16)."""
     xb = x.view(x.shape[0], -1, block)
-    d = xb.abs().amax(-1, keepdim=True) / 127
+    d = xb.abs().amax(-1, keepdim=True) / (2 ** (bits - 1) - 1)
     q = torch.round(xb * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
     return (q * d).view_as(x)
 
 
-def _reference(x: torch.Tensor, p: QuantTensor, act8: bool = False) -> torch.Tensor:
+def _reference(x: torch.Tensor, p: QuantTensor, act: int = 0) -> torch.Tensor:
     """The pure-PyTorch fallback: same formula as the kernel, sum(q * x) * scale per group plus the
     offsets times per-group sums of x, one row at a time (so it is batch-invariant too)."""
     xsum = x.view(x.shape[0], -1, p.group).sum(-1)  # the offsets see the unrounded x, as in the kernel
-    if act8:
-        x = quantize_act8(x, p.act8_block)
+    if act:
+        x = quantize_act(x, 256 if act == 16 else p.act8_block, act)
     groups = p.cols // p.group
     out = torch.empty(x.shape[0], p.rows, dtype=torch.float32)
     block = 4096  # output features per chunk: bounds the dequantized working set

@@ -363,6 +363,104 @@ void run_super(const float* x, int64_t rows, int64_t k, const void* codes, const
     delete[] xsum;
 }
 
+// ---- K-quant super-blocks with int16 activations (precision int4-a16) -----------------------------------
+// The same integer sums as above, with x rounded to int16 per 256 values (dx = max|x| / 32767): 256 times
+// finer than int8, so close to float32's results, while the multiply-adds stay integer (vpmaddwd, 16
+// products an instruction) instead of a float conversion and a float FMA per 8 weights. Each code is
+// widened to int16 and multiplied by its group's integer scale (|q * sub| <= 15 * 63 for Q4_K, 32 * 128
+// for Q6_K: int16). An int32 lane then takes 32 (Q4_K) or 16 (Q6_K) products of at most 945 * 32767 or
+// 4096 * 32767 before it goes to float: 256 and 128 values per flush, below 2^31. Integer sums are exact
+// in any order and the float accumulation runs over k in order: batch-invariant.
+void quantize_rows16(const float* x, int64_t rows, int64_t k, int16_t* xq, float* dx) {
+    const int64_t blocks = k / 256;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < blocks; ++b) {
+            const float* xb = x + r * k + b * 256;
+            int16_t* qb = xq + r * k + b * 256;
+            __m256 amax = _mm256_setzero_ps();
+            const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+            for (int i = 0; i < 256; i += 8) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs));
+            __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+            m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_max_ss(m, _mm_movehdup_ps(m));
+            const float d = _mm_cvtss_f32(m) / 32767.f, id = d > 0.f ? 1.f / d : 0.f;
+            dx[r * blocks + b] = d;
+            const __m256 vid = _mm256_set1_ps(id);
+            for (int i = 0; i < 256; i += 16) {  // round to nearest even, as nearbyint
+                const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), vid));
+                const __m256i b2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), vid));
+                // packs works per 128-bit lane: put the halves back in order
+                _mm256_storeu_si256((__m256i*)(qb + i), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b2), 0xD8));
+            }
+        }
+}
+
+template <int BITS, int MT>
+inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float* xsum, const void* codes,
+                     const int16_t* sub, const float* dsup, const float* offset, float* y, int64_t ldy) {
+    constexpr int G = BITS == 4 ? 32 : 16, SPAN = BITS == 4 ? 256 : 128;  // values per int32 flush
+    const int64_t spans = k / SPAN;
+    const __m256i m = _mm256_set1_epi16(0x0F);
+    __m256 acc[MT];
+    for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t sp = 0; sp < spans; ++sp) {
+        __m256i sum[MT];
+        for (int r = 0; r < MT; ++r) sum[r] = _mm256_setzero_si256();
+        const int16_t* s = sub + sp * (SPAN / G);
+        const int16_t* xs = xq + sp * SPAN;
+        if constexpr (BITS == 4) {
+            const uint8_t* c = (const uint8_t*)codes + sp * 128;
+            for (int g = 0; g < 8; ++g) {  // byte i: element i (low nibble), element 16 + i (high nibble)
+                const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(c + 16 * g)));
+                const __m256i sc = _mm256_set1_epi16(s[g]);
+                const __m256i lo = _mm256_mullo_epi16(_mm256_and_si256(b, m), sc);
+                const __m256i hi = _mm256_mullo_epi16(_mm256_srli_epi16(b, 4), sc);
+                for (int r = 0; r < MT; ++r) {
+                    const int16_t* xr = xs + r * k + 32 * g;
+                    sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(_mm256_madd_epi16(lo, load256(xr)),
+                                                                       _mm256_madd_epi16(hi, load256(xr + 16))));
+                }
+            }
+        } else {
+            const int8_t* c = (const int8_t*)codes + sp * 128;
+            for (int g = 0; g < 8; ++g) {
+                const __m256i w = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(c + 16 * g))),
+                                                     _mm256_set1_epi16(s[g]));
+                for (int r = 0; r < MT; ++r)
+                    sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(w, load256(xs + r * k + 16 * g)));
+            }
+        }
+        const int64_t sb = sp * SPAN / 256, supers = k / 256;
+        for (int r = 0; r < MT; ++r) {
+            const __m256 d = _mm256_set1_ps(dsup[sb] * dx[r * supers + sb]);
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum[r]), acc[r]);
+        }
+    }
+    const int64_t groups = k / G;
+    for (int r = 0; r < MT; ++r)
+        y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
+}
+
+template <int BITS>
+void run_a16(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale,
+             const float* offset, const int16_t* sub, const float* dsup, int64_t n, float* y, int64_t ldy,
+             int threads) {
+    constexpr int G = BITS == 4 ? 32 : 16;
+    const int64_t supers = k / 256, groups = k / G;
+    int16_t* xq = new int16_t[rows * k];
+    float* dx = new float[rows * supers];
+    float* xsum = offset ? group_sums<G>(x, rows, k) : nullptr;
+    quantize_rows16(x, rows, k, xq, dx);
+    for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
+                              const void* c, const float*, const float* o) {
+        tile_a16<BITS, decltype(mt)::value>(xq + r * k, dx + r * supers, k, xsum ? xsum + r * groups : nullptr,
+                                            c, sub + j * groups, dsup + j * supers, o, y + r * ldy + j, ldy);
+    });
+    delete[] xq;
+    delete[] dx;
+    delete[] xsum;
+}
+
 // ---- dense float32 weights (precision float32 on CPU) ------------------------------------------------
 // A tile of MT rows x NF output features: each weight vector is loaded once for MT rows and each x vector
 // once for NF features (12 FMAs per 7 loads at 4 x 3), which is what makes many rows cheaper per row
@@ -427,6 +525,14 @@ int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const 
             const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act8,
             const int16_t* sub, const float* dsup) {
     if (k % 32) return -1;
+    if (act8 == 16) {  // int16 activations: K-quant super-blocks only (decoder.py / packed.py route the rest)
+        if (k % 256 || !sub) return -1;
+        if (bits == 4 && group == 32) run_a16<4>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+        else if (bits == 8 && group == 16)
+            run_a16<8>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+        else return -1;
+        return 0;
+    }
     if (act8 && sub) {
         if (k % 256) return -1;
         if (bits == 4 && group == 32) run_super<4>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
