@@ -138,9 +138,10 @@ class LLMEngine:
             proposer_id = self.drafts.resolve(method)
             # a draft that failed to load is skipped (reported by draft_status), never an error
             return (None if proposer_id in self.drafts.errors else proposer_id), None
-        if self.router is None:
-            return self.default_method, None
+        # the domain guess also keys the controller's acceptance prior, so it is made with one draft too
         domain = guess_domain(text if text is not None else self.tokenizer.decode(ids))
+        if self.router is None:
+            return self.default_method, domain
         return self.router.choose(domain, self.drafts.candidates()), domain
 
     def abort(self, request_id: str) -> None:
@@ -203,7 +204,8 @@ class LLMEngine:
             k = catch_up = 0
             if remaining > 1:
                 catch_up = self.proposers[method].catch_up_tokens(req)
-                k = controller.next_k(req.request_id, len(req.output_token_ids), batch, remaining, catch_up)
+                k = controller.next_k(req.request_id, len(req.output_token_ids), batch, remaining, catch_up,
+                                      req.spec_domain)
                 if req.spec_max_k is not None:
                     k = min(k, req.spec_max_k)
                 k = min(k, remaining - 1)

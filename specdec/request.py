@@ -64,7 +64,7 @@ class Request:
     spec: SpecStats = field(default_factory=SpecStats)
     spec_method: str | None = None   # id of the proposer drafting for this request; None: plain decoding
     spec_max_k: int | None = None
-    spec_domain: str | None = None   # the router's guess of the prompt's domain (router only)
+    spec_domain: str | None = None   # the guess of the prompt's domain (router, controller prior)
     spec_history: list[str] = field(default_factory=list)  # proposer ids it used, in order
     background: bool = False         # low priority (shadow A/B): admitted when nothing else waits
 

@@ -261,6 +261,22 @@ def test_cost_model_weighs_the_drafts_catch_up_against_the_remaining_tokens():
     assert c.next_k("r", 0, 1, remaining=20, catch_up=2) == 3
 
 
+def test_acceptance_prior_is_kept_per_domain():
+    """A new request starts from what the draft achieved on its own domain (code acceptance says little
+    about prose), else over all domains."""
+    c = SpecController(SpeculativeConfig(num_speculative_tokens=2, acceptance_threshold=0.0))
+    c.next_k("code", 0, 1, domain="code_gen")
+    c.next_k("prose", 0, 1, domain="prose")
+    for _ in range(30):
+        c.observe("code", 2, 2)
+        c.observe("prose", 2, 0)
+    c.next_k("code2", 0, 1, domain="code_gen")
+    c.next_k("prose2", 0, 1, domain="prose")
+    c.next_k("chat", 0, 1, domain="chat")
+    code, prose, chat = (c.acceptance(r)[0] for r in ("code2", "prose2", "chat"))
+    assert code > 0.9 and prose < 0.1 and prose < chat < code
+
+
 def test_deterministic_cost_model_depends_on_counts_only():
     cfg = SpeculativeConfig(num_speculative_tokens=4, deterministic=True, acceptance_threshold=0.0)
     a, b = SpecController(cfg), SpecController(cfg)
@@ -459,7 +475,11 @@ def test_cost_model_probes_only_while_a_probe_could_pay():
     slow = _measured(cfg, ((1, 0.21), (5, 0.45), (17, 2.3)), ((1, 0.05), (17, 0.9)), accepted=0)
     ks = [slow.next_k("r", 10 + i, 1, remaining=5, catch_up=17) for i in range(8)]
     assert ks == [0] * 8 and slow.num_reprobes == 0
-    assert 2 in [slow.next_k("r", 10 + i, 1, remaining=500, catch_up=17) for i in range(8)]
+    # enough tokens remain, but a probe would pay a catch-up of 17 tokens on a best-case bet: not with
+    # the remaining tokens known (the expected saving decides); with a catch-up of k + 1 tokens it probes
+    assert [slow.next_k("r", 10 + i, 1, remaining=500, catch_up=17) for i in range(8)] == [0] * 8
+    assert 2 in [slow.next_k("r", 20 + i, 1, remaining=500, catch_up=2) for i in range(8)]
+    assert 2 in [slow.next_k("r", 30 + i, 1, remaining=None, catch_up=17) for i in range(8)]
     # a model-free proposer (no catch-up, drafts for free) on the same target still probes
     lookup = _measured(cfg, ((1, 0.21), (5, 0.65), (17, 2.3)), ((1, 1e-5),), accepted=0, draft_cost_ratio=0.0)
     assert 2 in [lookup.next_k("r", 10 + i, 1, remaining=100, catch_up=0) for i in range(8)]

@@ -13,15 +13,18 @@ Policies (SpeculativeConfig.policy):
     S(0) by `min_gain` (a prediction within the noise of the measured costs is not worth a draft's
     switching costs).
     alpha_j is a Beta-style estimate over discounted counts: (hits_j + m * prior_j) / (trials_j + m),
-    the prior being the engine-wide acceptance at position j (or, before position j was ever reached,
-    the request's own estimate at j - 1), so a new request starts from what this draft achieved so far
-    and one lucky or unlucky step moves k by little.
+    the prior being this draft's acceptance at position j on the request's domain (the router's guess
+    of the prompt's kind: code acceptance says little about prose), else over all domains, else (before
+    position j was ever reached) the request's own estimate at j - 1, so a new request starts from what
+    this draft achieved so far and one lucky or unlucky step moves k by little.
     A draft that still has to catch up on many tokens (a draft model meeting a long prompt) first pays
     that prefill: the controller speculates only when the expected saving over the tokens the request
     may still generate exceeds that one-time cost. While plain decoding looks better it still probes
     now and then (acceptance changes with the text), but only while a probe could pay for itself: the
     best case, every draft accepted, must save more over the remaining tokens than the probe's
-    catch-up prefill costs. Where even that cannot pay (a draft model nearly as slow as the target)
+    catch-up prefill costs, and a probe never pays a catch-up of more than k + 1 tokens where the
+    remaining tokens are known (that one-time cost is already weighed against the expected saving
+    above; paid on a best-case bet it cost a 48-token request 10-20 %). Where even that cannot pay (a draft model nearly as slow as the target)
     the request stays plain and costs what plain decoding costs. Each probe after which the request's
     estimated acceptance is below the threshold doubles the wait before the next (up to 16 times
     `reprobe_interval`): one unlucky probe of a good draft barely moves the estimate.
@@ -55,7 +58,7 @@ from specdec.runner.attention import ROW_ALIGN, pad_rows
 
 log = logging.getLogger("specdec.spec")
 _PRIOR_ACCEPTANCE = 0.6   # before this engine has seen any verification
-_GLOBAL_DECAY = 0.99      # engine-wide counts forget slowly: they are the prior for new requests
+_GLOBAL_DECAY = 0.99      # per-domain counts forget slowly: they are the prior for new requests
 _REALIZED_WINDOW = 4      # speculative steps whose wall time per token must beat a plain step's
 
 
@@ -128,6 +131,7 @@ class RequestSpecState:
     realized: deque = field(default_factory=lambda: deque(maxlen=_REALIZED_WINDOW))
     disabled: bool = False      # the proposer failed for this request
     guard_countdown: int = 0    # long-output guard: plain steps left before the next round
+    domain: str | None = None   # the router's guess of the prompt's domain: whose counts are its prior
     tokens: int = 0             # decode tokens produced while this proposer served the request ...
     cost: float = 0.0           # ... and their cost (this request's share of each step; see charge())
 
@@ -148,28 +152,35 @@ class SpecController:
         # k -> EMA of (whole decode step's wall seconds) / (its predicted forward seconds)
         self.step_ratio: dict[int, float] = {}
         self._last_spec_ratio: float | None = None
-        self.global_hits = [0.0] * self.max_k
-        self.global_trials = [0.0] * self.max_k
+        # domain -> (hits, trials) per draft position, over every request of that domain
+        self.domain_counts: dict[str | None, tuple[list[float], list[float]]] = {}
         self.num_fallbacks = 0
         self.num_reprobes = 0
         self.num_resumes = 0
 
-    def _state(self, request_id: str) -> RequestSpecState:
+    def _state(self, request_id: str, domain: str | None = None) -> RequestSpecState:
         st = self.states.get(request_id)
         if st is None:
             k = self.max_k if self.config.policy != "heuristic" else max(1, self.max_k // 2)
-            st = self.states[request_id] = RequestSpecState(k, [0.0] * self.max_k, [0.0] * self.max_k)
+            st = self.states[request_id] = RequestSpecState(k, [0.0] * self.max_k, [0.0] * self.max_k, domain=domain)
         return st
+
+    def _counts(self, domain: str | None) -> tuple[list[float], list[float]]:
+        return self.domain_counts.setdefault(domain, ([0.0] * self.max_k, [0.0] * self.max_k))
 
     def acceptance(self, request_id: str) -> list[float]:
         """Estimated acceptance at each draft position, given the position is reached."""
         st = self._state(request_id)
         m = self.config.prior_strength
+        hits, trials = self._counts(st.domain)
+        all_hits = [sum(c[0][j] for c in self.domain_counts.values()) for j in range(self.max_k)]
+        all_trials = [sum(c[1][j] for c in self.domain_counts.values()) for j in range(self.max_k)]
         out: list[float] = []
         for j in range(self.max_k):
-            gt = self.global_trials[j]
-            if gt >= 1.0:
-                prior = (self.global_hits[j] + _PRIOR_ACCEPTANCE) / (gt + 1.0)
+            if trials[j] >= 1.0:
+                prior = (hits[j] + _PRIOR_ACCEPTANCE) / (trials[j] + 1.0)
+            elif all_trials[j] >= 1.0:
+                prior = (all_hits[j] + _PRIOR_ACCEPTANCE) / (all_trials[j] + 1.0)
             else:
                 prior = out[-1] if out else _PRIOR_ACCEPTANCE
             out.append((st.hits[j] + m * prior) / (st.trials[j] + m))
@@ -177,10 +188,11 @@ class SpecController:
 
     # ---- decisions ----------------------------------------------------------------------------
     def next_k(self, request_id: str, num_generated: int, batch_size: int, remaining: int | None = None,
-               catch_up: int = 0) -> int:
+               catch_up: int = 0, domain: str | None = None) -> int:
         """k for the request's next step. `remaining`: tokens it may still generate (None: unknown);
-        `catch_up`: committed tokens the proposer has not processed yet (its one-time prefill)."""
-        st = self._state(request_id)
+        `catch_up`: committed tokens the proposer has not processed yet (its one-time prefill);
+        `domain`: the prompt's domain guess (read on the request's first call)."""
+        st = self._state(request_id, domain)
         cfg = self.config
         if st.disabled or self.max_k == 0:
             return 0
@@ -211,7 +223,8 @@ class SpecController:
             st.plain_steps += 1
             if st.plain_steps >= self._probe_interval(st):
                 st.plain_steps = 0
-                if self._probe_can_pay(batch_size, remaining, catch_up):
+                small_catch_up = remaining is None or catch_up <= self.max_k + 1
+                if small_catch_up and self._probe_can_pay(batch_size, remaining, catch_up):
                     self.num_reprobes += 1
                     st.cost_probe = True
                     return min(cfg.reprobe_k, self.max_k)
@@ -314,12 +327,13 @@ class SpecController:
             return False
         st = self._state(request_id)
         decay = self.config.acceptance_decay
+        hits, trials = self._counts(st.domain)
         for j in range(min(num_drafted, num_accepted + 1)):  # positions reached
             hit = 1.0 if j < num_accepted else 0.0
             st.hits[j] = decay * st.hits[j] + hit
             st.trials[j] = decay * st.trials[j] + 1.0
-            self.global_hits[j] = _GLOBAL_DECAY * self.global_hits[j] + hit
-            self.global_trials[j] = _GLOBAL_DECAY * self.global_trials[j] + 1.0
+            hits[j] = _GLOBAL_DECAY * hits[j] + hit
+            trials[j] = _GLOBAL_DECAY * trials[j] + 1.0
         st.window.append((num_drafted, num_accepted))
         if self.config.policy == "heuristic" and len(st.window) == st.window.maxlen:
             rate = _rate(st.window)
