@@ -95,9 +95,9 @@ def test_threads_bench_times_every_kernel_thread_count_and_condition(tmp_path):
     report = json.loads(out.read_text())
     cores = report["cores"]
     assert report["rows"] == [1, 3] and set(report["conditions"]) == {"quiet", "1 competing"}
-    assert len(report["table"]) == 2 * 3 * 2 * cores  # conditions x kernels x row counts x thread counts
+    assert len(report["table"]) == 2 * 4 * 2 * cores  # conditions x kernels x row counts x thread counts
     assert all(r["ms_min"] <= r["ms_median"] <= r["ms_max"] and r["ms_min"] > 0 for r in report["table"])
-    assert all(1 <= t <= cores for t in report["best_threads"].values()) and len(report["best_threads"]) == 12
+    assert all(1 <= t <= cores for t in report["best_threads"].values()) and len(report["best_threads"]) == 16
     assert png.stat().st_size > 1000
 
 

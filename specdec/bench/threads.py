@@ -1,7 +1,7 @@
 """`specdec bench threads`: how many threads, measured on a quiet machine and under competition.
 
 Times one layer of the real shape (default the 1.5B's gate|up, 17920 x 1536, random weights in the
-real layouts) through each CPU kernel (float32, int4, int4-a8) at 1 row (a decode step) and at
+real layouts) through each CPU kernel (float32, int4, int4-a16, int4-a8) at 1 row (a decode step) and at
 k + 1 rows (verifying k drafts), with every thread count from 1 to the core count; first alone,
 then with `--competitors` busy processes (each takes one core). Arms run interleaved within each
 repeat; medians with min-max; JSON and a PNG. The engine's policy (all cores, dynamic chunks in the
@@ -22,7 +22,8 @@ import torch
 from specdec.bench.contention import Contention
 from specdec.models.weight_cache import atomic_write_text
 
-KERNELS = ("float32", "int4", "int4-a8")
+KERNELS = ("float32", "int4", "int4-a16", "int4-a8")
+ACT = {"int4-a16": 16, "int4-a8": 8}  # activation bits of the integer kernels
 
 
 def layer(kind: str, out_features: int, in_features: int, seed: int = 0):
@@ -39,7 +40,7 @@ def layer(kind: str, out_features: int, in_features: int, seed: int = 0):
     qt = QuantTensor(4, 32, torch.randint(0, 256, (out_features, in_features // 2), generator=g, dtype=torch.uint8),
                      scale, -torch.rand(out_features, groups, generator=g) / 8, in_features,
                      d if in_features % 256 == 0 else None)  # a row of whole super-blocks, as Q4_K has
-    return QuantLinear([qt], act=8 if kind == "int4-a8" else 0)
+    return QuantLinear([qt], act=ACT.get(kind, 0))
 
 
 def time_call(fn, calls: int) -> float:

@@ -10,7 +10,7 @@
 
 extern "C" {
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes, const float* scale,
-            const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act8, const int16_t* sub,
+            const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int16_t* sub,
             const float* dsup);
 int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y, int64_t ldy,
                  int threads);
@@ -27,7 +27,7 @@ void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int
 // One block of output features of a linear layer: packed codes (dense == null) or float32 weights.
 struct Part {
     int64_t n;                          // output features
-    int bits, group, act8;
+    int bits, group, act;                // act: activation bits of the integer kernels (0, 8, 16)
     const void* codes;
     const float *scale, *offset, *dsup;
     const int16_t* sub;
@@ -61,7 +61,7 @@ int linear(const Linear& l, const float* x, int64_t rows, int64_t k, float* y, i
         int rc = part.dense
                      ? dense_linear(x, rows, k, part.dense, part.n, y + col, l.n, threads)
                      : qlinear(x, rows, k, part.bits, part.group, part.codes, part.scale, part.offset, part.n,
-                               y + col, l.n, threads, part.act8, part.sub, part.dsup);
+                               y + col, l.n, threads, part.act, part.sub, part.dsup);
         if (rc) return rc;
         col += part.n;
     }

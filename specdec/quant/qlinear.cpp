@@ -441,53 +441,6 @@ inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float*
         y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
 }
 
-// variant B (experiment): per group, the int32 sum goes to float and is scaled there (no vpmullw)
-template <int BITS, int MT>
-inline void tile_a16b(const int16_t* xq, const float* dx, int64_t k, const float* xsum, const void* codes,
-                      const float* scale, const float* offset, float* y, int64_t ldy) {
-    const int64_t supers = k / 256;
-    const __m256i m = _mm256_set1_epi16(0x0F);
-    __m256 acc[MT];
-    for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t sb = 0; sb < supers; ++sb) {
-        __m256 blk[MT];
-        for (int r = 0; r < MT; ++r) blk[r] = _mm256_setzero_ps();
-        const int16_t* xs = xq + sb * 256;
-        const uint8_t* c = (const uint8_t*)codes + sb * 128;
-        for (int g = 0; g < 8; ++g) {
-            const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(c + 16 * g)));
-            const __m256i lo = _mm256_and_si256(b, m), hi = _mm256_srli_epi16(b, 4);
-            const __m256 sc = _mm256_broadcast_ss(scale + sb * 8 + g);
-            for (int r = 0; r < MT; ++r) {
-                const int16_t* xr = xs + r * k + 32 * g;
-                const __m256i t = _mm256_add_epi32(_mm256_madd_epi16(lo, load256(xr)), _mm256_madd_epi16(hi, load256(xr + 16)));
-                blk[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, blk[r]);
-            }
-        }
-        for (int r = 0; r < MT; ++r) acc[r] = _mm256_fmadd_ps(blk[r], _mm256_set1_ps(dx[r * supers + sb]), acc[r]);
-    }
-    const int64_t groups = k / 32;
-    for (int r = 0; r < MT; ++r)
-        y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
-}
-
-void run_a16b(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale,
-              const float* offset, int64_t n, float* y, int64_t ldy, int threads) {
-    const int64_t supers = k / 256, groups = k / 32;
-    int16_t* xq = new int16_t[rows * k];
-    float* dx = new float[rows * supers];
-    float* xsum = offset ? group_sums<32>(x, rows, k) : nullptr;
-    quantize_rows16(x, rows, k, xq, dx);
-    for_each_feature<4, 32>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
-                              const void* c, const float* s, const float* o) {
-        tile_a16b<4, decltype(mt)::value>(xq + r * k, dx + r * supers, k, xsum ? xsum + r * groups : nullptr,
-                                          c, s, o, y + r * ldy + j, ldy);
-    });
-    delete[] xq;
-    delete[] dx;
-    delete[] xsum;
-}
-
 template <int BITS>
 void run_a16(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale,
              const float* offset, const int16_t* sub, const float* dsup, int64_t n, float* y, int64_t ldy,
@@ -565,18 +518,16 @@ int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_
 // x: [rows, k] float32 contiguous; codes: [n, k / 2] (bits 4) or [n, k] (bits 8); scale, offset: [n, k / G]
 // float32 (offset may be null); y: rows of stride ldy, columns [0, n) written. Returns 0, or -1 on a
 // layout this build does not support.
-// act8 != 0: activations quantized to int8 per 32 values (precision int4-a8), integer dot products;
+// act 8: activations quantized to int8 per 32 values (precision int4-a8), integer dot products;
 // with sub ([n, k / G] int16) and dsup ([n, k / 256]), scale = dsup * sub per super-block of 256 values
 // (Q4_K: bits 4, group 32; Q6_K: bits 8, group 16) and x is quantized per 256 values instead.
+// act 16: activations quantized to int16 per 256 values (precision int4-a16); needs sub and dsup.
+// act 0: float32 activations (precision int4, weight-only).
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
-            const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act8,
+            const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act,
             const int16_t* sub, const float* dsup) {
-    if (k % 32) return -1;
-    if (act8 == 17 && bits == 4) {
-        run_a16b(x, rows, k, codes, scale, offset, n, y, ldy, threads);
-        return 0;
-    }
-    if (act8 == 16) {  // int16 activations: K-quant super-blocks only (decoder.py / packed.py route the rest)
+    if (k % 32 || (act != 0 && act != 8 && act != 16)) return -1;
+    if (act == 16) {  // int16 activations: K-quant super-blocks only (decoder.py / packed.py route the rest)
         if (k % 256 || !sub) return -1;
         if (bits == 4 && group == 32) run_a16<4>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
         else if (bits == 8 && group == 16)
@@ -584,7 +535,7 @@ int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const 
         else return -1;
         return 0;
     }
-    if (act8 && sub) {
+    if (act == 8 && sub) {
         if (k % 256) return -1;
         if (bits == 4 && group == 32) run_super<4>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
         else if (bits == 8 && group == 16)
@@ -592,7 +543,7 @@ int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const 
         else return -1;
         return 0;
     }
-    if (act8) {
+    if (act == 8) {
         if (bits == 4 && group == 32) run_a8<4, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
         else if (bits == 8 && group == 32) run_a8<8, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
         else if (bits == 8 && group == 16) run_a8<8, 16>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
