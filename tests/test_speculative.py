@@ -476,8 +476,10 @@ def test_cost_model_probes_only_while_a_probe_could_pay():
     ks = [slow.next_k("r", 10 + i, 1, remaining=5, catch_up=17) for i in range(8)]
     assert ks == [0] * 8 and slow.num_reprobes == 0
     # enough tokens remain, but a probe would pay a catch-up of 17 tokens on a best-case bet: not with
-    # the remaining tokens known (the expected saving decides); with a catch-up of k + 1 tokens it probes
+    # the remaining tokens known and this domain's acceptance measured (the expected saving decides);
+    # with a catch-up of k + 1 tokens it probes, and on a domain never verified it explores
     assert [slow.next_k("r", 10 + i, 1, remaining=500, catch_up=17) for i in range(8)] == [0] * 8
+    assert 2 in [slow.next_k("new", 10 + i, 1, remaining=500, catch_up=17, domain="zh") for i in range(8)]
     assert 2 in [slow.next_k("r", 20 + i, 1, remaining=500, catch_up=2) for i in range(8)]
     assert 2 in [slow.next_k("r", 30 + i, 1, remaining=None, catch_up=17) for i in range(8)]
     # a model-free proposer (no catch-up, drafts for free) on the same target still probes

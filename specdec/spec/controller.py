@@ -22,10 +22,12 @@ Policies (SpeculativeConfig.policy):
     may still generate exceeds that one-time cost. While plain decoding looks better it still probes
     now and then (acceptance changes with the text), but only while a probe could pay for itself: the
     best case, every draft accepted, must save more over the remaining tokens than the probe's
-    catch-up prefill costs, and a probe never pays a catch-up of more than k + 1 tokens where the
-    remaining tokens are known (that one-time cost is already weighed against the expected saving
-    above; paid on a best-case bet it cost a 48-token request 10-20 %). Where even that cannot pay (a draft model nearly as slow as the target)
-    the request stays plain and costs what plain decoding costs. Each probe after which the request's
+    catch-up prefill costs; and where the remaining tokens are known, a probe pays a catch-up of more
+    than k + 1 tokens only while the draft has never been verified on the request's domain (the
+    exploration a new domain needs; after that the one-time cost is weighed against the expected
+    saving above, since paid on a best-case bet it cost a 48-token request 10-20 %). Where even that
+    cannot pay (a draft model nearly as slow as the target) the request stays plain and costs what
+    plain decoding costs. Each probe after which the request's
     estimated acceptance is below the threshold doubles the wait before the next (up to 16 times
     `reprobe_interval`): one unlucky probe of a good draft barely moves the estimate.
     The forward costs miss what else a step costs (sampling and rejection over the vocabulary, the
@@ -223,8 +225,9 @@ class SpecController:
             st.plain_steps += 1
             if st.plain_steps >= self._probe_interval(st):
                 st.plain_steps = 0
-                small_catch_up = remaining is None or catch_up <= self.max_k + 1
-                if small_catch_up and self._probe_can_pay(batch_size, remaining, catch_up):
+                # a large catch-up is paid on a best-case bet only while nothing is known of this domain
+                explore = remaining is None or catch_up <= self.max_k + 1 or self._counts(st.domain)[1][0] < 1.0
+                if explore and self._probe_can_pay(batch_size, remaining, catch_up):
                     self.num_reprobes += 1
                     st.cost_probe = True
                     return min(cfg.reprobe_k, self.max_k)
