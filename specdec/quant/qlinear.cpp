@@ -237,9 +237,7 @@ inline void tile_a8(const int8_t* xq, const float* sx, int64_t k, const float* x
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(ws, _mm256_broadcast_ss(sx + r * blocks + b)), d, acc[r]);
         }
     }
-    const int64_t groups = k / G;
-    for (int r = 0; r < MT; ++r)
-        y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
+    finish<MT>(acc, k / G, xsum, offset, y, ldy);
 }
 
 // x rounded to int8 per `block` values: x ~= dx[r, b] * xq[r, b, :], dx = max|x| / 127 (round to nearest).
@@ -295,6 +293,14 @@ inline __m256i pair_scales(const int16_t* sub) {  // [sub[0] x 8 | sub[1] x 8] a
 
 inline __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
 
+// Each row's exact int32 sums of one super-block (or part of one) into its float accumulator:
+// acc += (d * dx[r]) * float(sum), dx[r * supers] the row's activation scale.
+template <int MT>
+inline void flush(const __m256i* sum, float d, const float* dx, int64_t supers, __m256* acc) {
+    for (int r = 0; r < MT; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[r * supers]), _mm256_cvtepi32_ps(sum[r]), acc[r]);
+}
+
 // BITS 4: G = 32, x in pair64 order; BITS 8: G = 16 (signed codes, element order).
 template <int BITS, int MT>
 inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const void* codes,
@@ -333,35 +339,11 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
                 }
             }
         }
-        for (int r = 0; r < MT; ++r) {
-            const __m256 d = _mm256_set1_ps(dsup[sb] * dx[r * supers + sb]);
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum[r]), acc[r]);
-        }
+        flush<MT>(sum, dsup[sb], dx + sb, supers, acc);
     }
-    const int64_t groups = k / G;
-    for (int r = 0; r < MT; ++r)
-        y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
+    finish<MT>(acc, k / G, xsum, offset, y, ldy);
 }
 
-template <int BITS>
-void run_super(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale,
-               const float* offset, const int16_t* sub, const float* dsup, int64_t n, float* y, int64_t ldy,
-               int threads) {
-    constexpr int G = BITS == 4 ? 32 : 16;
-    const int64_t supers = k / 256, groups = k / G;
-    int8_t* xq = new int8_t[rows * k];
-    float* dx = new float[rows * supers];
-    float* xsum = offset ? group_sums<G>(x, rows, k) : nullptr;
-    quantize_rows(x, rows, k, 256, BITS == 4, xq, dx);
-    for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
-                              const void* c, const float*, const float* o) {
-        tile_super<BITS, decltype(mt)::value>(xq + r * k, dx + r * supers, k, xsum ? xsum + r * groups : nullptr,
-                                              c, sub + j * groups, dsup + j * supers, o, y + r * ldy + j, ldy);
-    });
-    delete[] xq;
-    delete[] dx;
-    delete[] xsum;
-}
 
 // ---- K-quant super-blocks with int16 activations (precision int4-a16) -----------------------------------
 // The same integer sums as above, with x rounded to int16 per 256 values (dx = max|x| / 32767): 256 times
@@ -431,30 +413,35 @@ inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float*
             }
         }
         const int64_t sb = sp * SPAN / 256, supers = k / 256;
-        for (int r = 0; r < MT; ++r) {
-            const __m256 d = _mm256_set1_ps(dsup[sb] * dx[r * supers + sb]);
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum[r]), acc[r]);
-        }
+        flush<MT>(sum, dsup[sb], dx + sb, supers, acc);
     }
-    const int64_t groups = k / G;
-    for (int r = 0; r < MT; ++r)
-        y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
+    finish<MT>(acc, k / G, xsum, offset, y, ldy);
 }
 
-template <int BITS>
-void run_a16(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale,
-             const float* offset, const int16_t* sub, const float* dsup, int64_t n, float* y, int64_t ldy,
-             int threads) {
+// Either super-block path over every feature: x rounded per 256 values to int8 (ACT 8, int4-a8) or
+// int16 (ACT 16, int4-a16), then the tile of that rounding.
+template <int BITS, int ACT>
+void run_super(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale,
+               const float* offset, const int16_t* sub, const float* dsup, int64_t n, float* y, int64_t ldy,
+               int threads) {
+    using XQ = std::conditional_t<ACT == 8, int8_t, int16_t>;
     constexpr int G = BITS == 4 ? 32 : 16;
     const int64_t supers = k / 256, groups = k / G;
-    int16_t* xq = new int16_t[rows * k];
+    XQ* xq = new XQ[rows * k];
     float* dx = new float[rows * supers];
     float* xsum = offset ? group_sums<G>(x, rows, k) : nullptr;
-    quantize_rows16(x, rows, k, xq, dx);
+    if constexpr (ACT == 8) quantize_rows(x, rows, k, 256, BITS == 4, xq, dx);
+    else quantize_rows16(x, rows, k, xq, dx);
     for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
                               const void* c, const float*, const float* o) {
-        tile_a16<BITS, decltype(mt)::value>(xq + r * k, dx + r * supers, k, xsum ? xsum + r * groups : nullptr,
-                                            c, sub + j * groups, dsup + j * supers, o, y + r * ldy + j, ldy);
+        constexpr int MT = decltype(mt)::value;
+        const float* xs = xsum ? xsum + r * groups : nullptr;
+        if constexpr (ACT == 8)
+            tile_super<BITS, MT>(xq + r * k, dx + r * supers, k, xs, c, sub + j * groups, dsup + j * supers, o,
+                                 y + r * ldy + j, ldy);
+        else
+            tile_a16<BITS, MT>(xq + r * k, dx + r * supers, k, xs, c, sub + j * groups, dsup + j * supers, o,
+                               y + r * ldy + j, ldy);
     });
     delete[] xq;
     delete[] dx;
@@ -529,17 +516,17 @@ int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const 
     if (k % 32 || (act != 0 && act != 8 && act != 16)) return -1;
     if (act == 16) {  // int16 activations: K-quant super-blocks only (decoder.py / packed.py route the rest)
         if (k % 256 || !sub) return -1;
-        if (bits == 4 && group == 32) run_a16<4>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+        if (bits == 4 && group == 32) run_super<4, 16>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
         else if (bits == 8 && group == 16)
-            run_a16<8>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+            run_super<8, 16>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
         else return -1;
         return 0;
     }
     if (act == 8 && sub) {
         if (k % 256) return -1;
-        if (bits == 4 && group == 32) run_super<4>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+        if (bits == 4 && group == 32) run_super<4, 8>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
         else if (bits == 8 && group == 16)
-            run_super<8>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+            run_super<8, 8>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
         else return -1;
         return 0;
     }
