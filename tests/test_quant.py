@@ -1,6 +1,6 @@
-"""Weight-only quantization (precision int4): GGUF blocks decode to exactly the file's values, the
-packed form round-trips, the AVX2 kernel and the PyTorch fallback agree with a float64 reference and
-are batch-invariant, and speculative == plain greedy in int4."""
+"""Packed quantized weights (precisions int4, int4-a16, int4-a8): GGUF blocks decode to exactly the
+file's values, the packed form round-trips, the AVX2 kernel and the PyTorch fallback agree with a
+float64 reference and are batch-invariant, and speculative == plain greedy in each packed mode."""
 from __future__ import annotations
 
 import gguf
