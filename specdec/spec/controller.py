@@ -60,7 +60,7 @@ from specdec.runner.attention import ROW_ALIGN, pad_rows
 
 log = logging.getLogger("specdec.spec")
 _PRIOR_ACCEPTANCE = 0.6   # before this engine has seen any verification
-_GLOBAL_DECAY = 0.99      # per-domain counts forget slowly: they are the prior for new requests
+_DOMAIN_DECAY = 0.99      # per-domain counts forget slowly: they are the prior for new requests
 _REALIZED_WINDOW = 4      # speculative steps whose wall time per token must beat a plain step's
 
 
@@ -133,7 +133,7 @@ class RequestSpecState:
     realized: deque = field(default_factory=lambda: deque(maxlen=_REALIZED_WINDOW))
     disabled: bool = False      # the proposer failed for this request
     guard_countdown: int = 0    # long-output guard: plain steps left before the next round
-    domain: str | None = None   # the router's guess of the prompt's domain: whose counts are its prior
+    domain: str | None = None   # the guess of the prompt's domain (router.guess_domain): whose counts are its prior
     tokens: int = 0             # decode tokens produced while this proposer served the request ...
     cost: float = 0.0           # ... and their cost (this request's share of each step; see charge())
 
@@ -335,8 +335,8 @@ class SpecController:
             hit = 1.0 if j < num_accepted else 0.0
             st.hits[j] = decay * st.hits[j] + hit
             st.trials[j] = decay * st.trials[j] + 1.0
-            hits[j] = _GLOBAL_DECAY * hits[j] + hit
-            trials[j] = _GLOBAL_DECAY * trials[j] + 1.0
+            hits[j] = _DOMAIN_DECAY * hits[j] + hit
+            trials[j] = _DOMAIN_DECAY * trials[j] + 1.0
         st.window.append((num_drafted, num_accepted))
         if self.config.policy == "heuristic" and len(st.window) == st.window.maxlen:
             rate = _rate(st.window)
