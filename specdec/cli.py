@@ -374,8 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "forward cost by row count on random weights, any device (steps)")
     b.add_argument("mode", nargs="?", choices=["spec", "decode", "serve", "precision", "threads", "steps"],
                    default="spec")
-    b.add_argument("--precisions", default="int4,int4-a8",
-                   help="precision mode: the modes compared with float32; steps: float32,bfloat16 (the default)")
+    b.add_argument("--precisions", default=None,
+                   help="precision mode: the modes compared with float32 (default int4,int4-a16,int4-a8); steps: "
+                        "the dtypes timed (default float32,bfloat16)")
     b.add_argument("--shapes", default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct",
                    help="steps: models whose shapes get random weights, the draft first, the target last")
     b.add_argument("--rows", default="1,2,3,5,8,16,64,256", help="steps: new rows per forward")

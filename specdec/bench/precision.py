@@ -47,7 +47,7 @@ def run_precision_bench(a) -> dict:
     from specdec.llm import LLM
     from specdec.quality.scoring import teacher_logits
 
-    modes = ["float32"] + [p for p in a.precisions.split(",") if p != "float32"]
+    modes = ["float32"] + [p for p in (a.precisions or "int4,int4-a16,int4-a8").split(",") if p != "float32"]
     llms = {m: LLM(config=EngineConfig(model=ModelConfig(model=a.model, precision=m, num_threads=a.threads),
                                        cache=CacheConfig(target_cache_blocks=256)), progress=False) for m in modes}
     tok = llms["float32"].engine.loaded.tokenizer

@@ -145,7 +145,7 @@ def _plot(report: dict, path: str) -> None:
 
 def run_steps_bench(a) -> dict:
     """From `specdec bench steps`'s arguments."""
-    precisions = a.precisions.split(",") if a.precisions != "int4,int4-a8" else ["float32", "bfloat16"]
+    precisions = (a.precisions or "float32,bfloat16").split(",")
     bad = [p for p in precisions if p not in DTYPES]
     rows = [int(n) for n in a.rows.split(",")]
     if bad or a.context < 1 or a.repeats < 1 or min(rows) < 1:
