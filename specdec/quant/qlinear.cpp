@@ -406,8 +406,8 @@ inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float*
         } else {
             const int8_t* c = (const int8_t*)codes + sp * 128;
             for (int g = 0; g < 8; ++g) {
-                const __m256i w = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(c + 16 * g))),
-                                                     _mm256_set1_epi16(s[g]));
+                const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(c + 16 * g)));
+                const __m256i w = _mm256_mullo_epi16(q, _mm256_set1_epi16(s[g]));
                 for (int r = 0; r < MT; ++r)
                     sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(w, load256(xs + r * k + 16 * g)));
             }
