@@ -344,7 +344,6 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
     finish<MT>(acc, k / G, xsum, offset, y, ldy);
 }
 
-
 // ---- K-quant super-blocks with int16 activations (precision int4-a16) -----------------------------------
 // The same integer sums as above, with x rounded to int16 per 256 values (dx = max|x| / 32767): 256 times
 // finer than int8, so close to float32's results, while the multiply-adds stay integer (vpmaddwd, 16
@@ -448,6 +447,18 @@ void run_super(const float* x, int64_t rows, int64_t k, const void* codes, const
     delete[] xsum;
 }
 
+// run_super for a layout given at run time: Q4_K (bits 4, group 32) or Q6_K (bits 8, group 16); -1 otherwise.
+template <int ACT>
+int run_super_layout(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
+                     const float* scale, const float* offset, const int16_t* sub, const float* dsup, int64_t n,
+                     float* y, int64_t ldy, int threads) {
+    if (bits == 4 && group == 32) run_super<4, ACT>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+    else if (bits == 8 && group == 16)
+        run_super<8, ACT>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+    else return -1;
+    return 0;
+}
+
 // ---- dense float32 weights (precision float32 on CPU) ------------------------------------------------
 // A tile of MT rows x NF output features: each weight vector is loaded once for MT rows and each x vector
 // once for NF features (12 FMAs per 7 loads at 4 x 3), which is what makes many rows cheaper per row
@@ -514,21 +525,11 @@ int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const 
             const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act,
             const int16_t* sub, const float* dsup) {
     if (k % 32 || (act != 0 && act != 8 && act != 16)) return -1;
-    if (act == 16) {  // int16 activations: K-quant super-blocks only (decoder.py / packed.py route the rest)
-        if (k % 256 || !sub) return -1;
-        if (bits == 4 && group == 32) run_super<4, 16>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
-        else if (bits == 8 && group == 16)
-            run_super<8, 16>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
-        else return -1;
-        return 0;
-    }
-    if (act == 8 && sub) {
+    if (act == 16 && !sub) return -1;  // int16: K-quant super-blocks only (decoder.py / packed.py route the rest)
+    if (act && sub) {  // K-quant super-blocks: one exact integer sum per 256 (or 128) values
         if (k % 256) return -1;
-        if (bits == 4 && group == 32) run_super<4, 8>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
-        else if (bits == 8 && group == 16)
-            run_super<8, 8>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
-        else return -1;
-        return 0;
+        return (act == 16 ? run_super_layout<16> : run_super_layout<8>)(x, rows, k, bits, group, codes, scale, offset,
+                                                                        sub, dsup, n, y, ldy, threads);
     }
     if (act == 8) {
         if (bits == 4 && group == 32) run_a8<4, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
