@@ -95,7 +95,7 @@ def test_bad_inputs_get_400_and_the_server_keeps_serving(strict_server):
                  {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 10 ** 6}):
         status, _ = post(strict_server, "/v1/chat/completions", body)
         assert status == 400, body
-    status, err = post(strict_server, "/v1/completions", b'{"prompt": "' + b"a" * (1 << 21) + b'"}')
+    status, err = post(strict_server, "/v1/completions", b'{"prompt": "' + b"a" * (1 << 23) + b'"}')
     assert status == 413 and "larger than" in err["error"]["message"]
     out = strict_server.client().completions.create(model="m", prompt="hello", max_tokens=4, temperature=0)
     assert out.usage.completion_tokens == 4

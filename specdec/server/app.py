@@ -55,6 +55,9 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
                       "param": param, "code": code}}
 
 
+_DRAIN_FACTOR = 16  # an oversized body is drained up to this many times the limit
+
+
 class BodyLimit:
     """ASGI middleware: 413 for a body over `limit` bytes (declared or actually sent). The body is
     read here (bounded) and replayed to the app."""
@@ -67,18 +70,17 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         too_large = declared is not None and (not declared.isdigit() or int(declared) > self.limit)
-        chunks, size, more = [], 0, not too_large
-        while more:
+        chunks, size, more = [], 0, True
+        while more and not too_large:
             msg = await receive()
             if msg["type"] != "http.request":
                 return  # the client went away before sending its body
             chunks.append(msg.get("body", b""))
             size += len(chunks[-1])
             more = msg.get("more_body", False)
-            if size > self.limit:
-                too_large = True
-                break
+            too_large = size > self.limit
         if too_large:
+            await self._drain(receive, more)
             if self.on_reject is not None:
                 self.on_reject(413)
             response = JSONResponse(error_body(413, f"request body larger than {self.limit} bytes"), status_code=413)
@@ -93,6 +95,17 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _drain(self, receive, more: bool) -> None:
+        """Read and discard the rest of an oversized body (up to a cap), so that a client still
+        writing it reads the 413 instead of a broken pipe; past the cap the connection just closes."""
+        left = _DRAIN_FACTOR * self.limit
+        while more and left > 0:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return
+            left -= len(msg.get("body", b""))
+            more = msg.get("more_body", False)
 
 
 @dataclass
