@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -85,10 +86,11 @@ class ServerProcess:
         self._log.close()
 
 
-def http_json(server: ServerProcess, path: str, body: bytes | dict | None = None, key: str | None = None,
-              headers: dict | None = None) -> tuple[int, dict]:
-    """(status, JSON body) of a GET (body None) or POST, HTTP errors included."""
-    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+def http_json(server: ServerProcess, path: str, body: bytes | dict | list | str | Iterator[bytes] | None = None,
+              key: str | None = None, headers: dict | None = None) -> tuple[int, dict]:
+    """(status, JSON body) of a GET (body None) or POST, HTTP errors included. An iterator body is sent
+    chunked, without a Content-Length."""
+    data = body if body is None or isinstance(body, (bytes, Iterator)) else json.dumps(body).encode()
     req = urllib.request.Request(server.url + path, data=data, method="GET" if data is None else "POST",
                                  headers={"Content-Type": "application/json", **(headers or {})})
     if key:

@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 from conftest import engine_config
@@ -22,7 +23,7 @@ from specdec.sampling_params import SamplingParams
 KEY = "sekret-key"
 
 
-def post(server: ServerProcess, path: str, body: bytes | dict, key: str | None = KEY,
+def post(server: ServerProcess, path: str, body: bytes | dict | Iterator[bytes], key: str | None = KEY,
          headers: dict | None = None) -> tuple[int, dict]:
     return http_json(server, path, body, key, headers)
 
@@ -97,11 +98,14 @@ def test_bad_inputs_get_400_and_the_server_keeps_serving(strict_server):
         assert status == 400, body
     status, err = post(strict_server, "/v1/completions", b'{"prompt": "' + b"a" * (1 << 23) + b'"}')
     assert status == 413 and "larger than" in err["error"]["message"]
+    chunked = iter([b'{"prompt": "', *[b"a" * (1 << 16)] * 64, b'"}'])  # 4 MiB, no Content-Length
+    status, err = post(strict_server, "/v1/completions", chunked)
+    assert status == 413 and "larger than" in err["error"]["message"]
     out = strict_server.client().completions.create(model="m", prompt="hello", max_tokens=4, temperature=0)
     assert out.usage.completion_tokens == 4
     m = strict_server.metrics()
     assert m['specdec_requests_total{status="rejected_400"}'] >= len(BAD)
-    assert m['specdec_requests_total{status="rejected_413"}'] == 1
+    assert m['specdec_requests_total{status="rejected_413"}'] == 2
 
 
 def _stream_some(server: ServerProcess, started: threading.Event, chunks: int | None, max_tokens: int = 400):
