@@ -23,7 +23,7 @@ from specdec.sampling_params import SamplingParams
 KEY = "sekret-key"
 
 
-def post(server: ServerProcess, path: str, body: bytes | dict | Iterator[bytes], key: str | None = KEY,
+def post(server: ServerProcess, path: str, body: bytes | dict | list | Iterator[bytes], key: str | None = KEY,
          headers: dict | None = None) -> tuple[int, dict]:
     return http_json(server, path, body, key, headers)
 
