@@ -301,18 +301,32 @@ inline void flush(const __m256i* sum, float d, const float* dx, int64_t supers, 
         acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[r * supers]), _mm256_cvtepi32_ps(sum[r]), acc[r]);
 }
 
+// The loop both super-block tiles share: per span of SPAN values, body(span, sum) adds each row's exact
+// int32 sums of that span into sum[MT] (zeroed here), which are then flushed into the row's float
+// accumulator; then the fixed horizontal sums and the offsets' dot product.
+template <int MT, int SPAN, int G, class Body>
+inline void span_tile(int64_t k, const float* dx, const float* dsup, const float* xsum, const float* offset,
+                      float* y, int64_t ldy, Body body) {
+    const int64_t spans = k / SPAN, supers = k / 256;
+    __m256 acc[MT];
+    for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t sp = 0; sp < spans; ++sp) {
+        __m256i sum[MT];
+        for (int r = 0; r < MT; ++r) sum[r] = _mm256_setzero_si256();
+        body(sp, sum);
+        const int64_t sb = sp * SPAN / 256;
+        flush<MT>(sum, dsup[sb], dx + sb, supers, acc);
+    }
+    finish<MT>(acc, k / G, xsum, offset, y, ldy);
+}
+
 // BITS 4: G = 32, x in pair64 order; BITS 8: G = 16 (signed codes, element order).
 template <int BITS, int MT>
 inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const void* codes,
                        const int16_t* sub, const float* dsup, const float* offset, float* y, int64_t ldy) {
     constexpr int G = BITS == 4 ? 32 : 16;
-    const int64_t supers = k / 256;
     const __m256i m = _mm256_set1_epi8(0x0F);
-    __m256 acc[MT];
-    for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t sb = 0; sb < supers; ++sb) {
-        __m256i sum[MT];
-        for (int r = 0; r < MT; ++r) sum[r] = _mm256_setzero_si256();
+    span_tile<MT, 256, G>(k, dx, dsup, xsum, offset, y, ldy, [&](int64_t sb, __m256i* sum) {
         const int16_t* s = sub + sb * (256 / G);
         if constexpr (BITS == 4) {
             const uint8_t* c = (const uint8_t*)codes + sb * 128;
@@ -339,9 +353,7 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
                 }
             }
         }
-        flush<MT>(sum, dsup[sb], dx + sb, supers, acc);
-    }
-    finish<MT>(acc, k / G, xsum, offset, y, ldy);
+    });
 }
 
 // ---- K-quant super-blocks with int16 activations (precision int4-a16) -----------------------------------
@@ -380,13 +392,8 @@ template <int BITS, int MT>
 inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float* xsum, const void* codes,
                      const int16_t* sub, const float* dsup, const float* offset, float* y, int64_t ldy) {
     constexpr int G = BITS == 4 ? 32 : 16, SPAN = BITS == 4 ? 256 : 128;  // values per int32 flush
-    const int64_t spans = k / SPAN;
     const __m256i m = _mm256_set1_epi16(0x0F);
-    __m256 acc[MT];
-    for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t sp = 0; sp < spans; ++sp) {
-        __m256i sum[MT];
-        for (int r = 0; r < MT; ++r) sum[r] = _mm256_setzero_si256();
+    span_tile<MT, SPAN, G>(k, dx, dsup, xsum, offset, y, ldy, [&](int64_t sp, __m256i* sum) {
         const int16_t* s = sub + sp * (SPAN / G);
         const int16_t* xs = xq + sp * SPAN;
         if constexpr (BITS == 4) {
@@ -411,10 +418,7 @@ inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float*
                     sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(w, load256(xs + r * k + 16 * g)));
             }
         }
-        const int64_t sb = sp * SPAN / 256, supers = k / 256;
-        flush<MT>(sum, dsup[sb], dx + sb, supers, acc);
-    }
-    finish<MT>(acc, k / G, xsum, offset, y, ldy);
+    });
 }
 
 // Either super-block path over every feature: x rounded per 256 values to int8 (ACT 8, int4-a8) or
