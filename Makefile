@@ -37,5 +37,5 @@ clean-venv:
 	rm -rf $(VENV)
 
 lines:
-	@for d in specdec specdec/core specdec/models specdec/runner specdec/quant specdec/sample specdec/spec specdec/server specdec/quality specdec/bench tests; do \
+	@for d in specdec specdec/core specdec/models specdec/runner specdec/quant specdec/sample specdec/speculation specdec/speculation/proposers specdec/server specdec/quality specdec/bench tests; do \
 	  printf '| %-20s | %5s |\n' "$$d/*.py" $$(cat $$d/*.py 2>/dev/null | wc -l); done

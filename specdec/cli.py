@@ -85,7 +85,7 @@ def speculative_config(a: argparse.Namespace):
     """The SpeculativeConfig the flags ask for; with no flag, the registry's default draft for a
     registry target, otherwise n-gram lookup. Says which on stderr."""
     from specdec.config import SpeculativeConfig
-    from specdec.spec.factory import default_draft
+    from specdec.speculation.factory import default_draft
     if a.no_spec:
         print("speculation: off (plain decoding)", file=sys.stderr)
         return None
@@ -457,7 +457,7 @@ def _default_draft_precision(a: argparse.Namespace) -> None:
     never change the output (rejection sampling is exact for any draft), and its integer dot products
     make a draft step cheaper at the same acceptance (README, Precision modes). Not over a YAML file's
     choice, nor for self-speculation, which runs the target's own weights."""
-    from specdec.spec.self_draft import is_self_draft
+    from specdec.speculation.proposers.self_draft import is_self_draft
     if (hasattr(a, "draft_precision") and a.draft_precision is None and getattr(a, "config", None) is None
             and not is_self_draft(getattr(a, "draft", None))):
         a.draft_precision = "int4-a8"

@@ -33,10 +33,10 @@ from specdec.sample.logits_processors import process_logits
 from specdec.sample.rejection_sampler import rejection_sample
 from specdec.sample.sampler import fill_random_inputs, make_generator, top_logprobs
 from specdec.sampling_params import SamplingParams
-from specdec.spec.controller import SpecController
-from specdec.spec.draft_set import NGRAM, DraftSet, DraftStatus
-from specdec.spec.proposer import DraftProposal, Proposer
-from specdec.spec.router import DraftRouter, guess_domain
+from specdec.speculation.controller import SpecController
+from specdec.speculation.draft_set import NGRAM, DraftSet, DraftStatus
+from specdec.speculation.proposers.base import DraftProposal, Proposer
+from specdec.speculation.router import DraftRouter, guess_domain
 
 log = logging.getLogger("specdec")
 
@@ -399,7 +399,7 @@ class LLMEngine:
         for controller in self.controllers.values():
             controller.free(request_id)
 
-    # ---- drafts (spec/draft_set.py does the work) -----------------------------------------------
+    # ---- drafts (speculation/draft_set.py does the work) -----------------------------------------------
     @property
     def router(self) -> DraftRouter | None:
         return self.drafts.router if self.drafts is not None else None

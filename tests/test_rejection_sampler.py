@@ -101,7 +101,7 @@ def draft_table(case: str) -> torch.Tensor:
         assert ((q == 0) & (p > 0)).sum() == 3 * V
         return q / q.sum(-1, keepdim=True)
     if case == "subvocab":
-        # a sub-vocabulary draft (spec/subvocab.py): one fixed set of tokens for every context, zero
+        # a sub-vocabulary draft (speculation/proposers/subvocab.py): one fixed set of tokens for every context, zero
         # elsewhere, holding the target's top token in some contexts and not in others
         q = _dirichlet(5678).clone()
         outside = torch.arange(V) % 3 == 1

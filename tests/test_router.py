@@ -15,7 +15,7 @@ from specdec.config import SpeculativeConfig
 from specdec.llm import LLM
 from specdec.request import SpecOptions
 from specdec.sampling_params import SamplingParams
-from specdec.spec.router import DOMAINS, DraftRouter, guess_domain
+from specdec.speculation.router import DOMAINS, DraftRouter, guess_domain
 
 
 def test_domain_guess_on_the_shipped_sets():

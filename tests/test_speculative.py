@@ -8,8 +8,8 @@ from conftest import cpu_precision, engine_config
 from specdec.config import SpeculativeConfig
 from specdec.llm import LLM
 from specdec.sampling_params import SamplingParams
-from specdec.spec.controller import SpecController
-from specdec.spec.ngram import ngram_lookup
+from specdec.speculation.controller import SpecController
+from specdec.speculation.proposers.ngram import ngram_lookup
 
 PROMPTS = ["hello there", "the cat sat on the mat and then the cat sat on the mat", "a", "in the beginning " * 6]
 
@@ -192,7 +192,7 @@ def test_long_output_guard_interleaves_plain_steps():
 
 
 def test_vocabulary_check():
-    from specdec.spec.draft_model import check_same_vocabulary
+    from specdec.speculation.proposers.draft_model import check_same_vocabulary
     target = ["a", "b", "c", "[PAD0]", "[PAD1]"]
     assert check_same_vocabulary(target, ["a", "b", "c"], "t", "d") == 3  # padded differently: fine
     with pytest.raises(ValueError, match="different vocabularies"):
@@ -387,7 +387,7 @@ def test_self_auto_refuses_a_model_too_shallow_to_skip(tiny_qwen):
 
 
 def test_self_draft_references_parse_and_candidates_keep_the_edges():
-    from specdec.spec.self_draft import candidates, format_skip, parse_skip
+    from specdec.speculation.proposers.self_draft import candidates, format_skip, parse_skip
     assert parse_skip("self:skip=3-5,9", 12) == frozenset({3, 4, 5, 9})
     assert format_skip(frozenset({3, 4, 5, 9})) == "self:skip=3-5,9-9"
     assert parse_skip("self:auto", 12) is None and parse_skip("self", 12) is None
@@ -423,7 +423,7 @@ def test_self_draft_is_lossless(tiny_dir, reference, tmp_path, monkeypatch):
 
 def test_cost_table_follows_the_runners_row_padding():
     """float32 pads rows to 4 (1-4 rows cost the same); int4 does not, so each row is priced."""
-    from specdec.spec.controller import CostTable
+    from specdec.speculation.controller import CostTable
     padded, exact = CostTable(row_align=4), CostTable(row_align=1)
     for t in (padded, exact):
         t.record(1, 0.10)
@@ -438,7 +438,7 @@ def test_cost_table_follows_the_runners_row_padding():
 def test_one_slow_forward_does_not_move_a_cost():
     """The plain step's cost is not measured again while a request speculates: one outlier (the thread
     tuner trying one thread, a page fault) must not make plain decoding look slow from then on."""
-    from specdec.spec.controller import CostTable
+    from specdec.speculation.controller import CostTable
     t = CostTable(row_align=1)
     for s in (0.45, 0.20, 0.20, 0.20, 0.45):  # a cold first forward, then one try of one thread
         t.record(1, s)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from specdec.config import DEFAULT_TARGET, PRECISIONS
-from specdec.spec.controller import predicted_speedup
+from specdec.speculation.controller import predicted_speedup
 
 SETS = ("code_edit", "code_gen", "chat", "prose", "zh")
 
@@ -73,7 +73,7 @@ def run_profile(a: argparse.Namespace) -> dict:
     from specdec.llm import LLM
     from specdec.models.loader import load_model
     from specdec.sampling_params import SamplingParams
-    from specdec.spec.factory import default_draft
+    from specdec.speculation.factory import default_draft
 
     sets = a.sets.split(",")
     if bad := sorted(set(sets) - set(SETS)):

@@ -97,7 +97,7 @@ def run_serve_bench(a) -> dict:
     from specdec.cli import read_prompts_file
     from specdec.engine import LLMEngine
     from specdec.models.loader import load_model
-    from specdec.spec.factory import default_draft
+    from specdec.speculation.factory import default_draft
 
     rates = [float(r) for r in a.rates.split(",")]
     if any(r <= 0 for r in rates):

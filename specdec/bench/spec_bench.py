@@ -34,7 +34,7 @@ ARMS = {
     "draft_cost_model": ("draft_model", "cost_model"),
     "ngram": ("ngram", "cost_model"),
     "ngram_fixed": ("ngram", "fixed"),
-    # the draft model scoring a 32k-token sub-vocabulary (spec/subvocab.py)
+    # the draft model scoring a 32k-token sub-vocabulary (speculation/proposers/subvocab.py)
     "draft_subvocab_fixed": ("draft_model", "fixed"),
     "draft_subvocab_cost_model": ("draft_model", "cost_model"),
 }
@@ -61,7 +61,7 @@ def _arm_llm(name: str, a, target, draft):
 
 def run_spec_bench(a) -> dict:
     from specdec.models.loader import load_model, resolve
-    from specdec.spec.factory import default_draft
+    from specdec.speculation.factory import default_draft
 
     arms = a.arms.split(",")
     unknown = set(arms) - set(ARMS)

@@ -130,7 +130,7 @@ def _build_llms(a: argparse.Namespace, arms: list[Arm]) -> tuple[dict[str, LLM],
     from specdec.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
     from specdec.llm import LLM
     from specdec.models.loader import load_model
-    from specdec.spec.factory import default_draft
+    from specdec.speculation.factory import default_draft
 
     t0 = time.perf_counter()
     targets = {p: load_model(a.model, p, a.device, progress=False) for p in dict.fromkeys(x.precision for x in arms)}

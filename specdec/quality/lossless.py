@@ -263,7 +263,7 @@ def cmd_check_lossless(a: argparse.Namespace) -> int:
     from specdec.cli import read_prompts_file
     from specdec.models.loader import load_model
     from specdec.models.weight_cache import atomic_write_text
-    from specdec.spec.factory import default_draft
+    from specdec.speculation.factory import default_draft
 
     prompts = read_prompts_file(a.prompts_file) if a.prompts_file else list(DEFAULT_PROMPTS)
     # fail before loading weights and minutes of sampling, not after

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from specdec.request import Request
-from specdec.spec.proposer import DraftProposal
+from specdec.speculation.proposers.base import DraftProposal
 
 
 def ngram_lookup(tokens: list[int], k: int, n_max: int, n_min: int) -> list[int]:

@@ -9,9 +9,9 @@ from specdec.config import EngineConfig, SpeculativeConfig
 from specdec.models import registry
 from specdec.models.loader import LoadedModel, load_model
 from specdec.runner.threads import thread_tuner
-from specdec.spec.draft_model import DraftModelProposer, check_same_vocabulary
-from specdec.spec.ngram import NgramProposer
-from specdec.spec.self_draft import format_skip, is_self_draft, parse_skip, resolve_auto
+from specdec.speculation.proposers.draft_model import DraftModelProposer, check_same_vocabulary
+from specdec.speculation.proposers.ngram import NgramProposer
+from specdec.speculation.proposers.self_draft import format_skip, is_self_draft, parse_skip, resolve_auto
 
 
 def default_draft(target_name: str) -> str | None:

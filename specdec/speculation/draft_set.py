@@ -25,11 +25,11 @@ from specdec.models import registry
 from specdec.models.loader import LoadedModel
 from specdec.request import Request
 from specdec.runner.attention import row_align
-from specdec.spec.controller import SpecController
-from specdec.spec.proposer import Proposer
-from specdec.spec.router import DraftRouter
+from specdec.speculation.controller import SpecController
+from specdec.speculation.proposers.base import Proposer
+from specdec.speculation.router import DraftRouter
 
-log = logging.getLogger("specdec.spec")
+log = logging.getLogger("specdec.speculation")
 NGRAM = "ngram"
 _NGRAM_COST_RATIO = 0.01   # a lookup in the token list: next to nothing per draft token
 
@@ -52,7 +52,7 @@ class DraftStatus:
 class DraftSet:
     def __init__(self, config: EngineConfig, target: LoadedModel, max_model_len: int, scheduler: Scheduler,
                  draft_loaded: LoadedModel | None = None, progress: bool = True) -> None:
-        from specdec.spec.factory import build_draft_proposer, build_ngram_proposer
+        from specdec.speculation.factory import build_draft_proposer, build_ngram_proposer
         spec = config.speculative
         assert spec is not None
         self.config, self.target, self.max_model_len = config, target, max_model_len
@@ -131,7 +131,7 @@ class DraftSet:
             return  # a failed draft is retried only when added again
         if proposer_id not in self.models:
             raise ValueError(f"unknown draft {proposer_id!r}")
-        from specdec.spec.factory import build_draft_proposer
+        from specdec.speculation.factory import build_draft_proposer
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-draft-load")
         config, model = self.config, self.models[proposer_id]

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from specdec.config import SpeculativeConfig
 from specdec.runner.attention import ROW_ALIGN, pad_rows
 
-log = logging.getLogger("specdec.spec")
+log = logging.getLogger("specdec.speculation")
 _PRIOR_ACCEPTANCE = 0.6   # before this engine has seen any verification
 _DOMAIN_DECAY = 0.99      # per-domain counts forget slowly: they are the prior for new requests
 _REALIZED_WINDOW = 4      # speculative steps whose wall time per token must beat a plain step's

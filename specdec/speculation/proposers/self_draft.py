@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from specdec.config import specdec_home
-from specdec.spec.controller import predicted_speedup
+from specdec.speculation.controller import predicted_speedup
 
 PREFIX = "self"
 _KEEP_EDGE = 2  # layers always kept at each end

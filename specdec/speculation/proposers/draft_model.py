@@ -24,7 +24,7 @@ from specdec.runner.model_runner import ModelRunner
 from specdec.runner.threads import ThreadTuner
 from specdec.sample.logits_processors import process_logits
 from specdec.sample.sampler import make_generator
-from specdec.spec.proposer import DraftProposal
+from specdec.speculation.proposers.base import DraftProposal
 
 
 def check_same_vocabulary(target_tokens: list[str], draft_tokens: list[str], target_name: str,
@@ -45,7 +45,7 @@ class DraftModelProposer:
                  vocab_size: int, max_model_len: int, draft_vocab_size: int | None = None,
                  skip_layers: frozenset[int] | None = None, name: str | None = None,
                  tuner: ThreadTuner | None = None, prefix_caching: bool = True) -> None:
-        """`skip_layers`: self-speculation (`loaded` is the target; see spec/self_draft.py). `tuner`: the
+        """`skip_layers`: self-speculation (`loaded` is the target; see speculation/proposers/self_draft.py). `tuner`: the
         draft forwards' own thread-count tuner (runner/threads.py). `prefix_caching`: the engine's
         setting, so that turning it off turns off both pools' caches."""
         self.name = name or loaded.name
@@ -53,7 +53,7 @@ class DraftModelProposer:
         self.max_model_len = min(max_model_len, loaded.config.max_position)
         model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, device, skip_layers or frozenset())
         if draft_vocab_size is not None and draft_vocab_size < vocab_size:
-            from specdec.spec.subvocab import build_subvocab
+            from specdec.speculation.proposers.subvocab import build_subvocab
             model.restrict_vocab(build_subvocab(loaded.tokenizer, vocab_size, draft_vocab_size))
         self.vocab_size = vocab_size
         self.kv = KVCacheManager(num_blocks, block_size, enable_caching=prefix_caching)

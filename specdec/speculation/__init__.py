@@ -1,0 +1,1 @@
+"""Speculation: proposers, their controllers and router, behind one seam (speculator.py)."""

@@ -1,0 +1,1 @@
+"""Proposers: one file each, registered in specdec/speculation/registry.py."""
