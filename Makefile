@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.stamp-install
 MODELS := qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct smollm2-135m-instruct
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup models run test bench lines clean-venv
+.PHONY: setup models run test bench lines clean-venv docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ bench: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# the results tables in README.md and docs/ from docs/results/*.json (standard library only)
+docs: $(STAMP)
+	$(BIN)/python -m specdec.bench.report
 
 lines:
 	@for d in specdec specdec/core specdec/models specdec/runner specdec/quant specdec/sample specdec/speculation specdec/speculation/proposers specdec/server specdec/quality specdec/bench tests; do \

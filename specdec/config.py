@@ -10,13 +10,17 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from specdec.catalog import default_draft
+
 # float32: exact dequantization (the oracle); bfloat16: dense bf16; int4: the file's own blocks as packed
 # int4/int8 codes with float32 activations (weight-only, near-lossless; see specdec/quant); int4-a16: the
 # same weights with activations rounded to int16 per 256 values on K-quant matrices (integer dot
 # products, near-lossless); int4-a8: activations rounded to int8 (llama.cpp's scheme, the fastest on
 # CPUs, lossy)
 PRECISIONS = ("float32", "bfloat16", "int4", "int4-a16", "int4-a8")
-AUTO_CPU_PRECISION = "int4-a16"  # the CLI's `auto` where the CPU kernel builds (cli.resolve_precision)
+AUTO_CPU_PRECISION = "int4-a16"    # `auto` for a GGUF model where the CPU kernel builds (engine.resolve_precision)
+AUTO_DRAFT_PRECISION = "int4-a8"   # ... and its draft model's, unless set
+PRECISION_CHOICES = ("auto", *PRECISIONS)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 
 
@@ -28,14 +32,14 @@ def specdec_home() -> Path:
 @dataclass
 class ModelConfig:
     model: str = DEFAULT_TARGET  # registry name, a .gguf path, or a Hugging Face-style folder
-    precision: str = "float32"   # float32 is the exact oracle; others are named speed modes
+    precision: str = "auto"      # auto: the fastest mode meeting the precision criterion; float32: the exact oracle
     device: str = "cpu"
     max_model_len: int | None = None  # None: the model's own context length
     num_threads: int | None = None    # intra-op threads; None: chosen per forward by measurement (runner/threads.py)
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision not in PRECISION_CHOICES:
+            raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {self.precision!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
@@ -75,15 +79,14 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold must be >= 0")
 
 
-SPEC_METHODS = ("draft_model", "ngram")
 SPEC_POLICIES = ("cost_model", "heuristic", "fixed")
 
 
 @dataclass
 class SpeculativeConfig:
     """How to speculate. `num_speculative_tokens` is k for `fixed` and the maximum k otherwise."""
-    method: str = "draft_model"            # "draft_model" | "ngram"
-    draft_model: str | None = None         # registry name or path (draft_model method)
+    method: str = "draft_model"            # a proposer kind (speculation/registry.py): "draft_model", "ngram", ...
+    draft_model: str | None = None         # registry name or path, for kinds that need a model
     num_speculative_tokens: int = 4
     policy: str = "cost_model"             # "cost_model" | "heuristic" | "fixed"
     ngram_max: int = 4                     # prompt lookup: longest n-gram tried first
@@ -115,8 +118,9 @@ class SpeculativeConfig:
         if self.draft_precision is not None and self.draft_precision not in PRECISIONS:
             raise ValueError(f"draft_precision must be one of {PRECISIONS} (or null: the target's), "
                              f"got {self.draft_precision!r}")
-        if self.method not in SPEC_METHODS:
-            raise ValueError(f"speculative method must be one of {SPEC_METHODS}, got {self.method!r}")
+        # which kinds exist is the proposer registry's to say (checked when an engine is built)
+        if not isinstance(self.method, str) or not self.method:
+            raise ValueError(f"speculative method must be a proposer kind's name, got {self.method!r}")
         if self.policy not in SPEC_POLICIES:
             raise ValueError(f"speculative policy must be one of {SPEC_POLICIES}, got {self.policy!r}")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 256:
@@ -241,16 +245,14 @@ def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig]:
     spec = sections["spec"]
     draft = spec.get("draft_model", "default")
     if draft == "default":  # as the CLI: the registry's draft for a registry target, else n-gram
-        from specdec.models.registry import REGISTRY
-        entry = REGISTRY.get(sections["model"].get("model", DEFAULT_TARGET))
-        draft = entry.default_draft if entry and entry.default_draft else "ngram"
+        draft = default_draft(sections["model"].get("model", DEFAULT_TARGET)) or "ngram"
     speculative = None
     if draft not in (None, "none"):
         if not isinstance(draft, str):
             raise ValueError(f"{path}: execution_config.draft_model must be a string or null")
-        method = "ngram" if draft == "ngram" else "draft_model"
-        speculative = SpeculativeConfig(method=method, draft_model=None if draft == "ngram" else draft,
-                                        **{k: v for k, v in spec.items() if k != "draft_model"}, **spec_knobs)
+        # a model-free kind's name here ("ngram") is resolved by the proposer registry (registry.resolve_config)
+        speculative = SpeculativeConfig(draft_model=draft, **{k: v for k, v in spec.items() if k != "draft_model"},
+                                        **spec_knobs)
     try:
         config = EngineConfig(model=ModelConfig(**sections["model"]), cache=CacheConfig(**sections["cache"]),
                               scheduler=SchedulerConfig(**sections["scheduler"]), speculative=speculative)

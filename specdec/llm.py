@@ -7,6 +7,7 @@ from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConf
 from specdec.engine import LLMEngine
 from specdec.models.loader import LoadedModel
 from specdec.request import RequestOutput
+from specdec.sample.rejection_sampler import rejection_sample
 from specdec.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -20,19 +21,21 @@ class LLM:
     >>> out.text, out.finish_reason, out.stats.tokens_per_second
     """
 
-    def __init__(self, model: str = ModelConfig.model, precision: str = "float32", device: str = "cpu",
+    def __init__(self, model: str = ModelConfig.model, precision: str = ModelConfig.precision, device: str = "cpu",
                  max_model_len: int | None = None, num_threads: int | None = None,
                  cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
                  speculative: SpeculativeConfig | None = None, progress: bool = True,
                  config: EngineConfig | None = None, loaded: LoadedModel | None = None,
-                 draft_loaded: LoadedModel | None = None) -> None:
-        """`speculative=None` decodes plainly. `loaded` / `draft_loaded` reuse weights already in
-        memory (another engine's) instead of loading again."""
+                 draft_loaded: LoadedModel | None = None, rejection_sampler=rejection_sample) -> None:
+        """`speculative=None` decodes plainly. `precision="auto"` picks the fastest mode that meets the
+        precision criterion and says which. `loaded` / `draft_loaded` reuse weights already in memory
+        (another engine's) instead of loading again. `rejection_sampler`: see LLMEngine."""
         config = config or EngineConfig(
             model=ModelConfig(model=model, precision=precision, device=device, max_model_len=max_model_len,
                               num_threads=num_threads),
             cache=cache or CacheConfig(), scheduler=scheduler or SchedulerConfig(), speculative=speculative)
-        self.engine = LLMEngine(config, progress=progress, loaded=loaded, draft_loaded=draft_loaded)
+        self.engine = LLMEngine(config, progress=progress, loaded=loaded, draft_loaded=draft_loaded,
+                                rejection_sampler=rejection_sampler)
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],

@@ -1,5 +1,6 @@
-"""Speculation statistics: per request (reported in every output's stats) and engine-wide counters
-(exported by the server). Plain counters here; Prometheus export lives at the HTTP edge."""
+"""Statistics: per request (reported in every output's stats), engine-wide counters, and the engine
+stats snapshot that the server and the metrics read (plain dataclasses; Prometheus export lives at
+the HTTP edge)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -49,10 +50,72 @@ class EngineCounters:
     target_forwards: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
-    proposer_errors: int = 0
     by_proposer: dict[str, SpecStats] = field(default_factory=dict)
 
     def record_spec(self, proposer: str, num_drafted: int, num_accepted: int) -> None:
         self.drafted_tokens += num_drafted
         self.accepted_tokens += num_accepted
         self.by_proposer.setdefault(proposer, SpecStats()).record(num_drafted, num_accepted)
+
+
+@dataclass
+class PoolStats:
+    num_blocks: int
+    num_free: int          # cached prefix blocks count as free
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+
+@dataclass
+class DraftStatus:
+    id: str
+    model: str | None        # the reference it loads from (None for a model-free proposer)
+    state: str               # "loaded" | "loading" | "unloaded" | "failed"
+    pinned: bool             # loaded with the engine, never unloaded for idleness
+    error: str | None = None
+    idle_seconds: float | None = None
+
+
+@dataclass
+class ProposerStats:
+    """A loaded proposer and its controller's health-check counts."""
+    id: str
+    name: str
+    kind: str
+    num_fallbacks: int = 0
+    num_reprobes: int = 0
+    num_resumes: int = 0
+    draft_step_seconds: float | None = None   # measured: one draft step at batch 1 (None: not yet)
+    # measured: a target forward verifying i + 1 rows, i = 0..k (None where nothing is measured yet)
+    verify_seconds: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class SpeculationStats:
+    default: str | None                       # the configured proposer's id
+    proposers: list[ProposerStats]
+    drafts: list[DraftStatus]
+    pools: dict[str, PoolStats]               # draft KV pools by proposer id
+    router: dict[str, dict[str, dict[str, float]]] | None   # domain -> proposer -> arm; None: no router
+    num_router_switches: int = 0
+    num_loads: int = 0
+    num_unloads: int = 0
+    num_load_failures: int = 0
+    num_proposer_errors: int = 0
+
+
+@dataclass
+class EngineStats:
+    """A consistent snapshot of an engine between two steps."""
+    model: str
+    precision: str
+    max_model_len: int
+    counters: EngineCounters
+    num_waiting: int          # foreground requests waiting to be scheduled
+    num_background: int       # background (shadow A/B) requests waiting
+    num_running: int
+    num_preemptions: int
+    target_pool: PoolStats
+    speculation: SpeculationStats | None

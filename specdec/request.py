@@ -2,7 +2,7 @@
 
 A request's tokens are `prompt_token_ids + output_token_ids`; `num_computed_tokens` counts how many
 of them (plus speculative tokens) have K/V in the cache. The scheduler moves it toward
-`num_tokens + num_spec_tokens` each step (the drafts themselves are filled in after scheduling).
+`num_tokens + len(spec_token_ids)` each step (the drafts are proposed before scheduling).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     output_token_ids: list[int] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)  # drafts under verification this step
-    num_spec_tokens: int = 0     # drafts planned for this step (the controller's k)
+    num_spec_tokens: int = 0     # drafts asked of the proposer this step (the controller's k)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None

@@ -54,7 +54,7 @@ def tiny_llama(tiny_dir) -> Path:
 
 def engine_config(model: str, **overrides) -> EngineConfig:
     """An EngineConfig with small defaults suited to tests; overrides go to the right section."""
-    sections = {"model": {"device": on_device()}, "cache": {"target_cache_blocks": 256}, "scheduler": {}}
+    sections = {"model": {"device": on_device(), "precision": "float32"}, "cache": {"target_cache_blocks": 256}, "scheduler": {}}
     owners = {"precision": "model", "max_model_len": "model", "device": "model", "block_size": "cache",
               "target_cache_blocks": "cache", "enable_prefix_caching": "cache",
               "max_num_batched_tokens": "scheduler", "max_batch_size": "scheduler",

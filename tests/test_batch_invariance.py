@@ -12,14 +12,10 @@ from conftest import cpu_precision, on_device
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.models.llama import LlamaModel, apply_rope, rms_norm, rope_tables
 from specdec.models.loader import load_model
-from specdec.runner import attention
-from specdec.runner.attention import (
-    AttentionMetadata,
-    SeqAttention,
-    linear,
-    pad_rows,
-    paged_attention,
-)
+from specdec.quant import kernel
+from specdec.quant.attention import AttentionMetadata, SeqAttention, paged_attention
+from specdec.quant.layers import ROW_ALIGN, linear, pad_rows, row_align
+from specdec.quant.options import KernelOptions
 from specdec.runner.model_runner import ModelRunner
 
 ROW_COUNTS = list(range(1, 17)) + [64, 512]
@@ -27,52 +23,56 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 @pytest.fixture(params=["kernel", "mkl"])
-def float32_path(request, monkeypatch):
+def float32_options(request) -> KernelOptions:
     """float32 runs specdec's kernel where it builds, MKL in 4/8-row blocks elsewhere: check both."""
     if on_device() != "cpu":  # neither applies: one path, the GPU's (blocks of CUDA_ROW_BLOCK rows)
         if request.param == "mkl":
             pytest.skip("a CPU path")
     elif request.param == "mkl":
-        monkeypatch.setattr(attention, "USE_DENSE_KERNEL", False)
-    elif not attention.kernel.available():
-        pytest.skip(f"kernel unavailable: {attention.kernel.unavailable_reason()}")
-    return request.param
+        return KernelOptions(dense=False)
+    elif not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    return KernelOptions()
 
 
-def padded(x: torch.Tensor, align: int = attention.ROW_ALIGN) -> torch.Tensor:
+def padded(x: torch.Tensor, align: int = ROW_ALIGN) -> torch.Tensor:
     rows = pad_rows(x.shape[0], align)
     return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])]) if rows > x.shape[0] else x
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("out_features,in_features", [(8960, 1536), (1536, 8960), (1152, 896), (151936 // 8, 896)])
-def test_linear_is_row_invariant(out_features, in_features, dtype, float32_path):
-    if dtype != torch.float32 and float32_path == "mkl":
+def test_linear_is_row_invariant(out_features, in_features, dtype, float32_options):
+    if dtype != torch.float32 and not float32_options.dense:
         pytest.skip("the float32 path does not apply")
     dev = on_device()
-    align = attention.row_align(str(dtype).removeprefix("torch."), dev)  # 1: the kernel takes any row count
+    # 1: the kernel takes any row count
+    align = row_align(str(dtype).removeprefix("torch."), dev, float32_options)
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(out_features, in_features, generator=g) / in_features ** 0.5).to(dev, dtype)
     x = torch.randn(520, in_features, generator=g).to(dev, dtype)
-    ref = linear(x[:512], w)
+
+    def lin(rows: torch.Tensor) -> torch.Tensor:
+        return linear(rows, w, options=float32_options)
+
+    ref = lin(x[:512])
     for m in ROW_COUNTS:
-        assert torch.equal(linear(padded(x[:m], align), w)[:m], ref[:m]), f"{m} rows"
+        assert torch.equal(lin(padded(x[:m], align))[:m], ref[:m]), f"{m} rows"
     # the same row at every offset inside a row block
     for offset in range(1, 9):
-        y = linear(padded(x[512 - offset:512 + 5], align), w)
-        assert torch.equal(y[offset:offset + 5], linear(padded(x[512:517], align), w)[:5]), f"offset {offset}"
+        y = lin(padded(x[512 - offset:512 + 5], align))
+        assert torch.equal(y[offset:offset + 5], lin(padded(x[512:517], align))[:5]), f"offset {offset}"
 
 
 def _kernel_rms_norm(x, w, eps):
-    return attention.kernel.rms_norm(x.clone(), w, eps)
+    return kernel.rms_norm(x.clone(), w, eps)
 
 
 @pytest.mark.parametrize("norm,dtype", [(rms_norm, torch.float32), (rms_norm, torch.bfloat16),
                                         (_kernel_rms_norm, torch.float32)])
 def test_rms_norm_is_row_invariant(norm, dtype):
-    if norm is _kernel_rms_norm and (on_device() != "cpu" or not attention.kernel.available()):
-        pytest.skip("a CPU kernel" if on_device() != "cpu" else
-                    f"kernel unavailable: {attention.kernel.unavailable_reason()}")
+    if norm is _kernel_rms_norm and (on_device() != "cpu" or not kernel.available()):
+        pytest.skip("a CPU kernel" if on_device() != "cpu" else f"kernel unavailable: {kernel.unavailable_reason()}")
     g = torch.Generator().manual_seed(1)
     x = torch.randn(512, 1536, generator=g).to(on_device(), dtype)
     w = torch.rand(1536, generator=g).to(on_device(), dtype)
@@ -85,9 +85,8 @@ def test_rms_norm_is_row_invariant(norm, dtype):
 def test_layer_kernels_agree_with_pytorch():
     """RMSNorm (with its residual add), SwiGLU's activation, RoPE and attention in C++ against the
     PyTorch ops: RoPE bitwise, the others to float32 rounding."""
-    if not attention.kernel.available():
-        pytest.skip(f"kernel unavailable: {attention.kernel.unavailable_reason()}")
-    kernel = attention.kernel
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
     g = torch.Generator().manual_seed(5)
     h, delta, w = torch.randn(9, 896, generator=g), torch.randn(9, 896, generator=g), torch.rand(896, generator=g)
     x = h.clone()
@@ -113,16 +112,12 @@ def test_layer_kernels_agree_with_pytorch():
     slots = torch.randperm(200, generator=g)[:n]
     outs = []
     for use in (True, False):
-        attention.USE_LAYER_KERNELS = use
-        try:
-            outs.append(_attention(q, k, v, (torch.zeros(200, kv_heads, d), torch.zeros(200, kv_heads, d)),
-                                   [(list(range(n)), 0, slots)], kv_heads))
-        finally:
-            attention.USE_LAYER_KERNELS = True
+        outs.append(_attention(q, k, v, (torch.zeros(200, kv_heads, d), torch.zeros(200, kv_heads, d)),
+                               [(list(range(n)), 0, slots)], kv_heads, KernelOptions(layer_ops=use)))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
 
-def _attention(q, k, v, caches, seqs_spec, num_kv_heads):
+def _attention(q, k, v, caches, seqs_spec, num_kv_heads, options=KernelOptions()):
     """seqs_spec: list of (token rows in q, start_position, slots of the whole context)."""
     rows, seqs, slot_map = [], [], []
     for idx, start, ctx_slots in seqs_spec:
@@ -132,15 +127,15 @@ def _attention(q, k, v, caches, seqs_spec, num_kv_heads):
     n = pad_rows(len(rows))
     sel = torch.tensor(rows + [rows[0]] * (n - len(rows)), device=q.device)
     meta = AttentionMetadata(torch.tensor(slot_map, device=q.device), seqs, n)
-    return paged_attention(q[sel], k[sel], v[sel], caches, meta)[: len(rows)]
+    return paged_attention(q[sel], k[sel], v[sel], caches, meta, options)[: len(rows)]
 
 
 @pytest.mark.parametrize("dtype,kernels", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, False)])
-def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels, monkeypatch):
+def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels):
     dev = on_device()
     if kernels and dev != "cpu":
         pytest.skip("a CPU kernel")
-    monkeypatch.setattr(attention, "USE_LAYER_KERNELS", kernels)
+    options = KernelOptions(layer_ops=kernels)
     g = torch.Generator().manual_seed(2)
     heads, kv_heads, d, length = 12, 2, 128, 70
     q = torch.randn(length, heads, d, generator=g).to(dev, dtype)
@@ -151,13 +146,13 @@ def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels, monk
     def fresh():
         return tuple(torch.zeros(256 + 64, kv_heads, d, dtype=dtype, device=dev) for _ in range(2))
 
-    full = _attention(q, k, v, fresh(), [(list(range(length)), 0, slots)], kv_heads)
+    full = _attention(q, k, v, fresh(), [(list(range(length)), 0, slots)], kv_heads, options)
     # chunked prefill at ragged splits
     caches = fresh()
     start, outs = 0, []
     for size in (1, 7, 16, 5, 41):
         seq = (list(range(start, start + size)), start, slots[:start + size])
-        outs.append(_attention(q, k, v, caches, [seq], kv_heads))
+        outs.append(_attention(q, k, v, caches, [seq], kv_heads, options))
         start += size
     assert torch.equal(torch.cat(outs), full)
     # token-by-token decode, each step batched with an unrelated sequence
@@ -165,15 +160,15 @@ def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels, monk
     other = torch.arange(256, 256 + 64, device=dev)
     for pos in range(length):
         out = _attention(q, k, v, caches, [(list(range(pos % 5)), 0, other[: pos % 5]),
-                                           ([pos], pos, slots[:pos + 1])], kv_heads)
+                                           ([pos], pos, slots[:pos + 1])], kv_heads, options)
         assert torch.equal(out[-1], full[pos]), f"position {pos}"
 
 
-def _runner(path, dtype_name, blocks=64, block_size=4):
+def _runner(path, dtype_name, blocks=64, block_size=4, options=KernelOptions()):
     cpu_precision(dtype_name)
     dev = torch.device(on_device())
     loaded = load_model(str(path), dtype_name, str(dev), progress=False)
-    model = LlamaModel(loaded.config, loaded.weights, 256, dev)
+    model = LlamaModel(loaded.config, loaded.weights, 256, dev, options=options)
     return ModelRunner(model, blocks, block_size, dev)
 
 
@@ -183,14 +178,14 @@ def _logits(runner, chunks):
 
 @pytest.mark.parametrize("precision", ["float32", "float32-pytorch", "bfloat16", "int4"])
 @pytest.mark.parametrize("arch", ["tiny_qwen", "tiny_llama"])
-def test_model_logits_bitwise_across_batching(arch, precision, request, monkeypatch):
+def test_model_logits_bitwise_across_batching(arch, precision, request):
     if precision == "float32-pytorch" and on_device() != "cpu":
         pytest.skip("a CPU path")
+    options = KernelOptions()
     if precision == "float32-pytorch":  # as where the C++ kernels do not build: MKL in row blocks, PyTorch ops
-        monkeypatch.setattr(attention, "USE_DENSE_KERNEL", False)
-        monkeypatch.setattr(attention, "USE_LAYER_KERNELS", False)
+        options = KernelOptions(dense=False, layer_ops=False)
         precision = "float32"
-    runner = _runner(request.getfixturevalue(arch), precision)
+    runner = _runner(request.getfixturevalue(arch), precision, options=options)
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, 260, (37,), generator=g).tolist()
     table = list(range(10))  # 10 blocks x 4 slots
@@ -213,20 +208,20 @@ def test_model_logits_bitwise_across_batching(arch, precision, request, monkeypa
     ("tiny_qwen", "float32", ()), ("tiny_qwen", "int4", ()), ("tiny_llama", "int4", ()), ("tiny_kquant", "int4", ()),
     ("tiny_kquant", "int4-a8", ()), ("tiny_kquant", "int4-a16", ()), ("tiny_qwen", "int4-a8", ()),
     ("tiny_qwen", "int4", (1,))])
-def test_fused_decoder_matches_the_python_loop(arch, precision, skip, request, monkeypatch):
+def test_fused_decoder_matches_the_python_loop(arch, precision, skip, request):
     """The layer loop in one C++ call (quant/decoder.py) gives bitwise the Python loop's logits and
     K/V, over prefill chunks and decode steps batched with another request (and with layers skipped,
     as self-speculation does)."""
-    if not attention.kernel.available():
-        pytest.skip(f"kernel unavailable: {attention.kernel.unavailable_reason()}")
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
     loaded = load_model(str(request.getfixturevalue(arch)), precision, progress=False)
     g = torch.Generator().manual_seed(4)
     tokens = torch.randint(0, 260, (30,), generator=g).tolist()
     other = torch.randint(0, 260, (40,), generator=g).tolist()
     results = []
     for fused in (True, False):
-        monkeypatch.setattr(attention, "USE_FUSED_DECODER", fused)
-        model = LlamaModel(loaded.config, loaded.weights, 256, torch.device("cpu"), skip_layers=frozenset(skip))
+        model = LlamaModel(loaded.config, loaded.weights, 256, torch.device("cpu"), skip_layers=frozenset(skip),
+                           options=KernelOptions(fused_decoder=fused))
         runner = ModelRunner(model, 64, 4, torch.device("cpu"))
         got, start, o = [], 0, 0
         for size in (9, 1, 5, 1, 1, 13):

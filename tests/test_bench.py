@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from specdec.bench.contention import Contention
-from specdec.bench.spec_bench import PROMPTS_DIR, SETS
 from specdec.cli import main
+from specdec.contention import Contention
+from specdec.prompts import PROMPTS_DIR, SETS
 
 
 @pytest.mark.parametrize("name", SETS)
@@ -35,7 +35,7 @@ def test_spec_bench_writes_json_and_plot(tiny_qwen, tiny_llama, tmp_path):
 
 
 def test_contention_counts_other_processes_only(monkeypatch):
-    import specdec.bench.contention as c
+    import specdec.contention as c
     busy = iter([100.0, 103.0])   # machine-wide busy CPU seconds at enter / exit
     own = iter([5.0, 6.0])        # this process's CPU seconds
     wall = iter([0.0, 2.0])

@@ -208,7 +208,7 @@ def test_make_peers_installs_llama_cpp_only_when_asked(monkeypatch, tmp_path):
 
 
 def test_contention_counts_a_peer_worker_as_the_benchmarks_own(monkeypatch):
-    import specdec.bench.contention as c
+    import specdec.contention as c
     busy = iter([100.0, 104.0])   # machine-wide busy CPU seconds at enter / exit
     own = iter([5.0, 6.0])        # this process
     worker = iter([10.0, 12.0])   # the llama.cpp worker it drives

@@ -57,14 +57,20 @@ def test_default_precision_is_said_and_recorded(capsys, tiny_qwen):
 def test_default_draft_precision_follows_the_default_mode(capsys, tiny_qwen, tiny_llama):
     """With the int4-a16 default a draft model runs in int4-a8 (its numbers never change the output); an
     explicit --draft-precision, an explicit --precision, or self-speculation keep theirs."""
-    from specdec.cli import build_parser, resolve_precision
-    a = build_parser().parse_args(["generate", "--model", str(tiny_qwen), "--draft", str(tiny_llama), "hi"])
-    resolve_precision(a)
-    assert a.draft_precision == ("int4-a8" if DEFAULT_PRECISION == "int4-a16" else None)
+    from specdec.cli import build_parser
+    from specdec.commands.args import speculative_config
+    from specdec.commands.generate import engine_config
+    from specdec.engine import resolve_precision
+
+    def draft_precision(args: list[str]) -> str | None:
+        """What the engine built from these flags runs its draft in (None: the target's precision)."""
+        a = build_parser().parse_args(["generate", "--model", str(tiny_qwen), *args, "hi"])
+        spec = resolve_precision(engine_config(a, speculative_config(a)))[0].speculative
+        return spec.draft_precision if spec is not None else None
+
+    assert draft_precision(["--draft", str(tiny_llama)]) == ("int4-a8" if DEFAULT_PRECISION == "int4-a16" else None)
     for flags in (["--draft-precision", "float32"], ["--precision", "float32"], ["--draft", "self:skip=1-1"]):
-        a = build_parser().parse_args(["generate", "--model", str(tiny_qwen), *flags, "hi"])
-        resolve_precision(a)
-        assert a.draft_precision == (flags[1] if flags[0] == "--draft-precision" else None)
+        assert draft_precision(flags) == (flags[1] if flags[0] == "--draft-precision" else None)
     code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--draft", tiny_llama, "--json", "--max-tokens", 3,
                          "--spec-policy", "fixed", "hi")
     assert code == 0 and f"({'int4-a8' if DEFAULT_PRECISION == 'int4-a16' else 'the target precision'})" in err
@@ -83,7 +89,7 @@ def test_compare_plain_warms_both_engines_up_first(capsys, tiny_qwen, monkeypatc
     calls = []
     real = LLM.generate
     monkeypatch.setattr(LLM, "generate", lambda self, prompts, params=None, batch=True: (
-        calls.append((self.engine.proposer is not None, len(prompts[0]), params.max_tokens)),
+        calls.append((self.engine.speculator is not None, len(prompts[0]), params.max_tokens)),
         real(self, prompts, params, batch))[1])
     code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--spec", "ngram", "--chat", "--max-tokens", 6,
                          "--compare-plain", "hi")

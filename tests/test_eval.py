@@ -179,9 +179,9 @@ def test_perplexity_equals_step_by_step_logprobs(qwen05_loaded, one_thread):
     prompt = llm.tokenizer.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, logprobs=0, ignore_eos=True))[0]
     stepwise = [lp[t] for lp, t in zip(out.logprobs, out.token_ids)]
-    free = llm.engine.kv.num_free_blocks()
+    free = llm.engine.stats().target_pool.num_free
     scored = score_tokens(llm.engine, prompt, out.token_ids)
-    assert llm.engine.kv.num_free_blocks() == free  # borrowed blocks all returned
+    assert llm.engine.stats().target_pool.num_free == free  # borrowed blocks all returned
     assert scored == pytest.approx(stepwise, abs=1e-4)
     assert perplexity(scored) == pytest.approx(math.exp(-sum(stepwise) / len(stepwise)), abs=1e-4)
     assert perplexity([]) is None and score_tokens(llm.engine, prompt, []) == []

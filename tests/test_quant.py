@@ -3,6 +3,10 @@ file's values, the packed form round-trips, the AVX2 kernel and the PyTorch fall
 float64 reference and are batch-invariant, and speculative == plain greedy in each packed mode."""
 from __future__ import annotations
 
+import ctypes
+import re
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -140,6 +144,34 @@ def test_kernel_refuses_an_unsupported_layout():
         kernel.qlinear(torch.randn(1, COLS), 8, 64, qt.codes, qt.scale, None, torch.empty(1, ROWS))
 
 
+def _c_type(decl: str, structs: dict[str, type]) -> tuple[str, object]:
+    """'const float* x' -> ('x', its ctypes type as kernel.py should declare it)."""
+    m = re.fullmatch(r"(.+?)\s*\b(\w+)", decl.strip())
+    ctype, name = m[1].replace("const", "").strip(), m[2]
+    base = ctype.rstrip("*").strip()
+    if ctype.endswith("*"):
+        return name, ctypes.POINTER(structs[base]) if base in structs else ctypes.c_void_p
+    return name, structs.get(base) or {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}[base]
+
+
+def test_the_ctypes_table_follows_the_header():
+    """kernels.h declares the C ABI once; kernel.py's structs and SIGNATURES must follow it exactly
+    (a mismatch would pass wrong arguments silently)."""
+    text = re.sub(r"//[^\n]*", "", Path(kernel.__file__).with_name("kernels.h").read_text())
+    structs = {"Part": kernel.Part, "Linear": kernel.Linear, "Layer": kernel.Layer, "Dims": kernel.Dims}
+    declared = dict(re.findall(r"struct (\w+) \{([^}]*)\};", text))
+    assert set(declared) == set(structs)
+    for name, body in declared.items():
+        fields = [_c_type(f, structs) for f in body.split(";") if f.strip()]
+        assert fields == list(structs[name]._fields_), name
+    functions = re.findall(r"\b(int|void) (\w+)\(([^)]*)\);", text)
+    assert [f[1] for f in functions] == list(kernel.SIGNATURES)
+    for result, name, params in functions:
+        restype, args = kernel.SIGNATURES[name]
+        assert restype is (ctypes.c_int if result == "int" else None), name
+        assert [_c_type(p, structs) for p in params.split(",")] == args, name
+
+
 @pytest.mark.parametrize("target", ["tiny_qwen", "tiny_kquant"])
 def test_int4_model_logits_close_to_float32(target, request):
     """Report-style check: int4 keeps the file's weights, so only the summation order differs; int4-a8
@@ -147,7 +179,7 @@ def test_int4_model_logits_close_to_float32(target, request):
     int16 on super-blocks only (elsewhere it is int4)."""
     from specdec.models.loader import load_model
     from specdec.models.llama import LlamaModel
-    from specdec.runner.attention import AttentionMetadata, SeqAttention
+    from specdec.quant.attention import AttentionMetadata, SeqAttention
     ids = torch.tensor([5, 17, 99, 3, 250, 41, 7])
     out, supers = {}, {}
     for precision in ("float32", "int4", "int4-a16", "int4-a8"):
@@ -247,7 +279,7 @@ def test_int4_speculative_equals_plain_greedy(target, request, method, draft, pr
     assert [o.token_ids for o in outs] == ref
     assert all(o.stats.precision == precision for o in outs)
     # int4 rows are not padded: the cost model prices every extra verified row
-    assert all(c.verify_costs.row_align == 1 for c in spec.engine.controllers.values())
+    assert all(c.verify_costs.row_align == 1 for c in spec.engine.speculator.controllers.values())
     assert sum(o.stats.drafted_tokens for o in outs) > 0
 
 

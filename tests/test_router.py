@@ -9,10 +9,9 @@ from collections import Counter
 import pytest
 
 from conftest import engine_config
-from specdec.bench.spec_bench import PROMPTS_DIR, SETS
-from specdec.cli import read_prompts_file
 from specdec.config import SpeculativeConfig
 from specdec.llm import LLM
+from specdec.prompts import PROMPTS_DIR, SETS, read_prompts_file
 from specdec.request import SpecOptions
 from specdec.sampling_params import SamplingParams
 from specdec.speculation.router import DOMAINS, DraftRouter, guess_domain
@@ -93,16 +92,16 @@ def test_a_draft_loads_on_first_use_and_unloads_under_load(tiny_qwen, tiny_llama
     llm = LLM(config=cfg, progress=False)
     eng = llm.engine
     draft = "tiny-llama.gguf"
-    assert draft not in eng.proposers and {d.id: d.state for d in eng.draft_status()}[draft] == "unloaded"
+    assert draft not in eng.speculator.proposers and {d.id: d.state for d in eng.draft_status()}[draft] == "unloaded"
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     ref = [o.token_ids for o in plain_llm.generate(PROMPTS, params)]
 
     def wait_for_load(step):  # a load takes a background thread; the engine steps on meanwhile
         if step == 1:
-            eng.drafts.wait_loaded(timeout=60)
+            eng.speculator.wait_loaded(timeout=60)
     outs = _run(llm, PROMPTS, params, method=draft, between=wait_for_load)
     assert [o.token_ids for o in outs] == ref
-    assert draft in eng.proposers and sum(o.stats.drafted_tokens for o in outs) > 0
+    assert draft in eng.speculator.proposers and sum(o.stats.drafted_tokens for o in outs) > 0
     assert all(o.stats.proposers_used == [draft] for o in outs)
 
     def unload(step):
@@ -111,7 +110,7 @@ def test_a_draft_loads_on_first_use_and_unloads_under_load(tiny_qwen, tiny_llama
     outs = _run(llm, PROMPTS, params, method=draft, between=unload)
     assert [o.token_ids for o in outs] == ref            # nobody failed, nothing changed
     assert all(o.finish_reason == "length" for o in outs)
-    assert draft not in eng.proposers and draft not in eng.scheduler.draft_pools
+    assert draft not in eng.speculator.proposers and draft not in eng.speculator.pools
     assert {d.id: d.state for d in eng.draft_status()}[draft] == "unloaded"
     assert eng.kv.num_free_blocks() == eng.kv.num_blocks
     with pytest.raises(ValueError, match="not loaded"):
@@ -133,12 +132,12 @@ def test_a_draft_that_fails_to_load_is_reported_and_skipped(tiny_qwen, tmp_path,
 
     def wait(step):
         if step == 1:
-            eng.drafts.wait_loaded(timeout=60)
+            eng.speculator.wait_loaded(timeout=60)
     outs = _run(llm, PROMPTS, params, method="broken.gguf", between=wait)
     assert [o.token_ids for o in outs] == ref
     status = {d.id: d for d in eng.draft_status()}["broken.gguf"]
     assert status.state == "failed" and status.error
-    assert eng.drafts.num_load_failures == 1
+    assert eng.stats().speculation.num_load_failures == 1
     outs = _run(llm, PROMPTS[:1], params, method="broken.gguf")  # asked for again: plain, no retry
     assert outs[0].token_ids == ref[0] and outs[0].stats.method == "none"
 
@@ -148,13 +147,13 @@ def test_idle_drafts_unload(tiny_qwen, tiny_llama):
     cfg.speculative = _spec(extra_drafts=[str(tiny_llama)], draft_idle_seconds=0.2)
     eng = LLM(config=cfg, progress=False).engine
     eng.load_draft(str(tiny_llama))
-    eng.drafts.wait_loaded(timeout=60)
+    eng.speculator.wait_loaded(timeout=60)
     eng.poll_drafts()
-    assert "tiny-llama.gguf" in eng.proposers
+    assert "tiny-llama.gguf" in eng.speculator.proposers
     time.sleep(0.3)
     eng.poll_drafts()
-    assert "tiny-llama.gguf" not in eng.proposers and eng.drafts.num_unloads == 1
-    assert "ngram" in eng.proposers  # the configured proposer stays
+    assert "tiny-llama.gguf" not in eng.speculator.proposers and eng.stats().speculation.num_unloads == 1
+    assert "ngram" in eng.speculator.proposers  # the configured proposer stays
 
 
 def test_router_switches_a_request_whose_acceptance_collapses(tiny_qwen, tiny_llama, plain_llm):
@@ -166,11 +165,11 @@ def test_router_switches_a_request_whose_acceptance_collapses(tiny_qwen, tiny_ll
     llm = LLM(config=cfg, progress=False)
     eng = llm.engine
     eng.load_draft(str(tiny_llama))
-    eng.drafts.wait_loaded(timeout=60)
+    eng.speculator.wait_loaded(timeout=60)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     prompt = "Apply this change: rename x.\n```python\ndef f(x):\n    return x + 1\n```"
     assert guess_domain(prompt) == "code_edit"   # so the router starts with prompt lookup
     out = _run(llm, [prompt], params)[0]
     assert out.token_ids == plain_llm.generate([prompt], params)[0].token_ids
     assert out.stats.proposers_used == ["ngram[1-4]", "tiny-llama.gguf"]
-    assert eng.router.num_switches == 1 and out.stats.domain == "code_edit"
+    assert eng.speculator.router.num_switches == 1 and out.stats.domain == "code_edit"

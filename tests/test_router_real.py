@@ -9,10 +9,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import engine_config
-from specdec.bench.spec_bench import PROMPTS_DIR
-from specdec.cli import read_prompts_file
 from specdec.config import SpeculativeConfig
 from specdec.llm import LLM
+from specdec.prompts import PROMPTS_DIR, read_prompts_file
 from specdec.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.real_model
@@ -25,7 +24,7 @@ def test_router_picks_ngram_on_code_edits_and_the_draft_on_prose(qwen05_loaded):
                                         router=True, deterministic=True, router_exploration=0.0,
                                         draft_cost_ratio=0.2)
     llm = LLM(config=cfg, loaded=qwen05_loaded, draft_loaded=qwen05_loaded, progress=False)
-    router = llm.engine.router
+    router = llm.engine.speculator.router
     params = SamplingParams(max_tokens=16)
     chosen: dict[str, list[str]] = {}
     for domain in ("code_edit", "prose"):

@@ -236,7 +236,8 @@ def test_yaml_config(tmp_path):
 
 
 def test_cli_flags_override_the_config(tmp_path):
-    from specdec.cli import build_parser, serve_configs
+    from specdec.cli import build_parser
+    from specdec.commands.serve import serve_configs
     a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "-k", "2", "--port", "9001",
                                    "--max-batch-size", "3"])
     cfg, server = serve_configs(a)
@@ -252,9 +253,11 @@ def test_cli_flags_override_the_config(tmp_path):
 def test_serve_without_flags_takes_the_cli_default_precision():
     """`specdec serve` with no config and no --precision runs the CLI's default mode on this CPU (it
     once fell back to float32 because serve's --device defaults to unset)."""
-    from specdec.cli import build_parser, serve_configs
+    from specdec.cli import build_parser
+    from specdec.commands.serve import serve_configs
+    from specdec.engine import resolve_precision
     from specdec.quant import kernel
-    cfg, _ = serve_configs(build_parser().parse_args(["serve"]))
+    cfg, _ = resolve_precision(serve_configs(build_parser().parse_args(["serve"]))[0])  # what the engine runs
     assert cfg.model.precision == ("int4-a16" if kernel.available() else "float32")
     assert cfg.speculative.draft_precision == ("int4-a8" if kernel.available() else None)
 

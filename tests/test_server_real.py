@@ -12,8 +12,8 @@ from openai import BadRequestError
 
 from conftest import engine_config
 from server_process import ServerProcess
-from specdec.bench.spec_bench import PROMPTS_DIR
 from specdec.llm import LLM
+from specdec.prompts import PROMPTS_DIR
 from specdec.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.real_model
@@ -111,7 +111,8 @@ def test_sixteen_concurrent_clients_match_offline(server05, qwen05_loaded):
 
 
 def test_default_pair_server(tmp_path, qwen15_loaded):
-    s = ServerProcess(["--config", "configs/default.yaml", "--spec-policy", "fixed", "-k", "3"],
+    # the default pair, in the precision of the plain reference (the default, auto, picks int4-a16 on a CPU)
+    s = ServerProcess(["--config", "configs/default.yaml", "--precision", "float32", "--spec-policy", "fixed", "-k", "3"],
                       tmp_path / "server.log")
     try:
         c = s.client(timeout=600)

@@ -33,7 +33,7 @@ def tokens(llm, params, prompts=PROMPTS, batch=True):
 def assert_all_free(llm):
     eng = llm.engine
     assert eng.kv.num_free_blocks() == eng.kv.num_blocks
-    draft_kv = getattr(eng.proposer, "kv", None)
+    draft_kv = getattr(eng.speculator.default_proposer, "kv", None)
     if draft_kv is not None:
         assert draft_kv.num_free_blocks() == draft_kv.num_blocks
         assert all(r == 0 for r in draft_kv.pool.ref_cnt)
@@ -112,8 +112,7 @@ def test_logprobs_come_from_the_target(plain, tiny_qwen, tiny_llama):
 
 
 class Boom:
-    method, name = "draft_model", "boom"
-    draft_seconds, forward_costs = 0.0, []
+    kind, name = "draft_model", "boom"
 
     def propose(self, requests, num_tokens):
         raise RuntimeError("draft exploded")
@@ -130,10 +129,10 @@ class Boom:
 
 def test_proposer_failure_never_fails_a_request(plain, tiny_qwen):
     llm = spec_llm(tiny_qwen, "ngram", k=3)
-    llm.engine.proposers["ngram"] = Boom()
+    llm.engine.speculator.proposers["ngram"] = Boom()
     params = SamplingParams(max_tokens=15, ignore_eos=True)
     assert tokens(llm, params) == tokens(plain, params)
-    assert llm.engine.counters.proposer_errors >= 1
+    assert llm.engine.stats().speculation.num_proposer_errors >= 1
 
 
 def test_ngram_lookup():
@@ -211,7 +210,7 @@ def test_draft_pool_prefix_cache_skips_the_second_prefill(plain, tiny_qwen, tiny
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     prompt = PROMPTS[3] * 3  # several full blocks
     first = llm.generate(prompt, params)[0].token_ids
-    proposer = llm.engine.proposer
+    proposer = llm.engine.speculator.default_proposer
     req = llm.engine.add_request(prompt, params, request_id="again")
     assert proposer.catch_up_tokens(req) < proposer.kv.block_size  # all full blocks of the prompt are cached
     llm.engine.abort("again")
@@ -228,7 +227,7 @@ def test_turning_prefix_caching_off_turns_off_the_drafts_cache_too(plain, tiny_q
     prompt = PROMPTS[3] * 3
     first = llm.generate(prompt, params)[0].token_ids
     req = llm.engine.add_request(prompt, params, request_id="again")
-    assert llm.engine.proposer.catch_up_tokens(req) == len(req.prompt_token_ids)  # nothing was kept
+    assert llm.engine.speculator.default_proposer.catch_up_tokens(req) == len(req.prompt_token_ids)  # nothing was kept
     llm.engine.abort("again")
     assert llm.generate(prompt, params)[0].token_ids == first == tokens(plain, params, [prompt])[0]
 
@@ -307,7 +306,7 @@ def test_abort_frees_both_pools(tiny_qwen, tiny_llama):
     req = eng.add_request(PROMPTS[3], SamplingParams(max_tokens=50, ignore_eos=True))
     for _ in range(4):
         eng.step()
-    assert eng.proposer.kv.num_free_blocks() < eng.proposer.kv.num_blocks
+    assert eng.speculator.default_proposer.kv.num_free_blocks() < eng.speculator.default_proposer.kv.num_blocks
     eng.abort(req.request_id)
     assert_all_free(llm) and not eng.has_unfinished()
 
@@ -325,7 +324,7 @@ def test_subvocab_draft_is_lossless_and_scores_only_its_tokens(tiny_qwen, tiny_l
     cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
                                         policy="fixed", draft_vocab_size=256)
     llm = LLM(config=cfg, progress=False)
-    model = llm.engine.proposer.runner.model
+    model = llm.engine.speculator.default_proposer.runner.model
     ids = model.vocab_ids
     vocab = model.cfg.vocab_size
     assert ids is not None and len(ids) == 256 < vocab and torch.equal(ids, ids.sort().values)
@@ -355,13 +354,13 @@ def test_a_draft_in_another_precision_is_lossless(tiny_qwen, tiny_llama, target_
     cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
                                         policy="fixed", draft_precision=draft_precision)
     llm = LLM(config=cfg, progress=False)
-    assert llm.engine.proposer.loaded.precision == draft_precision
+    assert llm.engine.speculator.default_proposer.loaded.precision == draft_precision
     assert llm.engine.loaded.precision == target_precision
     out = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in out] == ref and all(o.stats.precision == target_precision for o in out)
     assert sum(o.stats.drafted_tokens for o in out) > 0
-    controller = next(iter(llm.engine.controllers.values()))
-    assert controller.draft_costs.row_align == llm.engine.proposer.runner.model.row_align
+    controller = next(iter(llm.engine.speculator.controllers.values()))
+    assert controller.draft_costs.row_align == llm.engine.speculator.default_proposer.runner.model.row_align
     assert_all_free(llm)
 
 
@@ -412,7 +411,7 @@ def test_self_draft_is_lossless(tiny_dir, reference, tmp_path, monkeypatch):
     cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=reference, num_speculative_tokens=3,
                                         policy="fixed")
     llm = LLM(config=cfg, progress=False)
-    proposer = llm.engine.proposer
+    proposer = llm.engine.speculator.default_proposer
     assert proposer.name.startswith("self:skip=") and proposer.loaded is llm.engine.loaded  # no second copy
     assert proposer.runner.model.skip_layers
     assert tokens(llm, params) == ref
@@ -423,7 +422,7 @@ def test_self_draft_is_lossless(tiny_dir, reference, tmp_path, monkeypatch):
 
 def test_cost_table_follows_the_runners_row_padding():
     """float32 pads rows to 4 (1-4 rows cost the same); int4 does not, so each row is priced."""
-    from specdec.speculation.controller import CostTable
+    from specdec.speculation.costs import CostTable
     padded, exact = CostTable(row_align=4), CostTable(row_align=1)
     for t in (padded, exact):
         t.record(1, 0.10)
@@ -438,7 +437,7 @@ def test_cost_table_follows_the_runners_row_padding():
 def test_one_slow_forward_does_not_move_a_cost():
     """The plain step's cost is not measured again while a request speculates: one outlier (the thread
     tuner trying one thread, a page fault) must not make plain decoding look slow from then on."""
-    from specdec.speculation.controller import CostTable
+    from specdec.speculation.costs import CostTable
     t = CostTable(row_align=1)
     for s in (0.45, 0.20, 0.20, 0.20, 0.45):  # a cold first forward, then one try of one thread
         t.record(1, s)
@@ -545,7 +544,7 @@ def test_engine_times_whole_decode_steps_for_the_cost_model(tiny_qwen):
     llm = LLM(config=cfg, progress=False)
     llm.generate(["the cat sat on the mat and then the cat sat on the mat"], SamplingParams(max_tokens=24,
                                                                                             ignore_eos=True))
-    ratios = next(iter(llm.engine.controllers.values())).step_ratio
+    ratios = next(iter(llm.engine.speculator.controllers.values())).step_ratio
     assert ratios and all(r > 0 for r in ratios.values())
     assert any(k > 0 for k in ratios)  # speculative steps were timed, not only plain ones
 
@@ -564,7 +563,7 @@ def test_forwards_on_a_thread_count_being_tried_are_no_cost_measurement(tiny_qwe
     # every forward tries the count that is not the best so far
     monkeypatch.setattr(tuner, "choose", lambda rows: 1 if tuner.best(rows) == 2 else 2)
     llm.generate(["the cat sat on the mat and then the cat sat on the mat"], SamplingParams(max_tokens=8))
-    controller = next(iter(llm.engine.controllers.values()))
+    controller = next(iter(llm.engine.speculator.controllers.values()))
     assert controller.verify_costs.seconds == {} and controller.step_ratio == {}
 
 

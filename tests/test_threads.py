@@ -1,12 +1,13 @@
 """The thread-count tuner: it measures each count, keeps the fastest, re-probes and follows a change;
-and no thread count changes a result, so switching between forwards is safe."""
+each runner applies its own count around its own forward only; and no thread count changes a result,
+so switching between forwards is safe."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specdec.runner import attention
-from specdec.runner.threads import ThreadTuner, size_class
+from specdec.quant.options import KernelOptions
+from specdec.runner.threads import ThreadTuner, size_class, using_threads
 
 
 @pytest.fixture
@@ -17,21 +18,25 @@ def restore_threads():
 
 
 def drive(tuner: ThreadTuner, seconds_per_row: dict[int, float], forwards: int, rows: int = 1) -> list[int]:
-    chosen = []
+    """Forwards as a runner runs them: each on the chosen count (`using_threads`). Returns the counts
+    torch ran them on."""
+    ran = []
     for _ in range(forwards):
         t = tuner.choose(rows)
+        with using_threads(t):
+            ran.append(torch.get_num_threads())
         tuner.record(rows, t, seconds_per_row[t] * rows)
-        chosen.append(t)
-    return chosen
+    return ran
 
 
 def test_measures_every_count_then_keeps_the_fastest(restore_threads):
     tuner = ThreadTuner(2, probe_every=10)
+    torch.set_num_threads(2)
     chosen = drive(tuner, {1: 1.0, 2: 0.6}, 40)
     # the most threads first, then each other count: each twice, its first forward a warm-up
     assert chosen[:4] == [2, 2, 1, 1]
     assert chosen[4:].count(2) >= 34 and tuner.best(1) == 2
-    assert torch.get_num_threads() == chosen[-1]
+    assert torch.get_num_threads() == 2  # each forward's count was its own: torch's is restored
 
 
 def test_a_cold_first_forward_is_not_measured(restore_threads):
@@ -72,18 +77,19 @@ def test_candidate_counts(n, counts):
 
 @pytest.mark.parametrize("path", ["kernel", "mkl"])
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "int4", "int4-a16", "int4-a8"])
-def test_thread_count_never_changes_logits(tiny_qwen, precision, path, monkeypatch, restore_threads):
+def test_thread_count_never_changes_logits(tiny_qwen, precision, path, restore_threads):
     from specdec.core.outputs import ScheduledChunk, SchedulerOutput
     from specdec.models.llama import LlamaModel
     from specdec.models.loader import load_model
     from specdec.runner.model_runner import ModelRunner
+    options = KernelOptions()
     if path == "mkl":
         if precision != "float32":
             pytest.skip("the float32 path does not apply")
-        monkeypatch.setattr(attention, "USE_DENSE_KERNEL", False)
+        options = KernelOptions(dense=False)
     loaded = load_model(str(tiny_qwen), precision, progress=False)
-    runner = ModelRunner(LlamaModel(loaded.config, loaded.weights, 256, torch.device("cpu")), 64, 4,
-                         torch.device("cpu"))
+    model = LlamaModel(loaded.config, loaded.weights, 256, torch.device("cpu"), options=options)
+    runner = ModelRunner(model, 64, 4, torch.device("cpu"))
     tokens = torch.randint(0, 260, (29,), generator=torch.Generator().manual_seed(0)).tolist()
     chunk = [ScheduledChunk("a", tokens, 0, list(range(8)), len(tokens))]
     results = []
@@ -91,3 +97,28 @@ def test_thread_count_never_changes_logits(tiny_qwen, precision, path, monkeypat
         torch.set_num_threads(threads)
         results.append(runner.execute(SchedulerOutput(chunks=chunk, num_batched_tokens=len(tokens))).logits)
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+def test_each_runner_runs_its_forwards_on_its_own_count(tiny_qwen, restore_threads):
+    """A target and a draft model with different counts (fixed, or tuned) each run their own forwards on
+    their own count, and leave torch's as they found it: neither inherits the other's."""
+    from specdec.core.outputs import ScheduledChunk, SchedulerOutput
+    from specdec.models.llama import LlamaModel
+    from specdec.models.loader import load_model
+    from specdec.runner.model_runner import ModelRunner
+    loaded = load_model(str(tiny_qwen), "float32", progress=False)
+    seen: list[int] = []
+
+    def runner(tuner: ThreadTuner) -> ModelRunner:
+        model = LlamaModel(loaded.config, loaded.weights, 256, torch.device("cpu"))
+        forward = model.forward
+        model.forward = lambda *args: (seen.append(torch.get_num_threads()), forward(*args))[1]
+        return ModelRunner(model, 64, 4, torch.device("cpu"), tuner=tuner)
+
+    target, draft = runner(ThreadTuner.fixed(2)), runner(ThreadTuner.fixed(1))
+    torch.set_num_threads(2)
+    chunk = [ScheduledChunk("a", [5, 6, 7], 0, list(range(8)), 1)]
+    for r in (target, draft, target, draft):
+        r.execute(SchedulerOutput(chunks=chunk, num_batched_tokens=3))
+        assert torch.get_num_threads() == 2
+    assert seen == [2, 1, 2, 1]

@@ -40,14 +40,9 @@ def _random_k_blocks(qtype, shape: tuple[int, int], scale: float, rng: np.random
     return raw.reshape(shape[0], -1)
 
 
-def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: int = 2, hidden: int = 64,
-                    num_heads: int = 4, num_kv_heads: int = 2, intermediate: int = 128, context: int = 512,
-                    quantized: bool = True, unsupported_tensor: str | None = None, kquants: bool = False) -> Path:
-    """A random model of the given architecture with a byte-level BPE vocabulary (256 bytes, a few
-    merges, 3 control tokens, 2 unused rows). Weights are scaled so logits are well spread.
-    kquants: matrices whose rows are whole 256-value super-blocks are Q4_K and Q6_K in turn (as in the
-    real Qwen files); needs hidden and intermediate multiples of 256."""
-    rng = np.random.default_rng(seed)
+def _add_tokenizer(w: gguf.GGUFWriter) -> int:
+    """A byte-level BPE vocabulary: 256 bytes, a few merges, 3 control tokens, 2 unused rows, and a chat
+    template. Returns its size."""
     tokens = _byte_tokens()
     merges = ["Ġ t", "Ġ a", "h e", "i n", "Ġt he"]
     tokens += [a + b for a, b in (m.split(" ") for m in merges)]
@@ -56,18 +51,6 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
     types += [3] * len(SPECIALS)
     tokens += ["[PAD0]", "[PAD1]"]
     types += [5, 5]
-    vocab = len(tokens)
-
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}")
-    w.add_block_count(num_layers)
-    w.add_context_length(context)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(intermediate)
-    w.add_head_count(num_heads)
-    w.add_head_count_kv(num_kv_heads)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
@@ -78,6 +61,28 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
+    return len(tokens)
+
+
+def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: int = 2, hidden: int = 64,
+                    num_heads: int = 4, num_kv_heads: int = 2, intermediate: int = 128, context: int = 512,
+                    quantized: bool = True, unsupported_tensor: str | None = None, kquants: bool = False) -> Path:
+    """A random model of the given architecture with a byte-level BPE vocabulary (256 bytes, a few
+    merges, 3 control tokens, 2 unused rows). Weights are scaled so logits are well spread.
+    kquants: matrices whose rows are whole 256-value super-blocks are Q4_K and Q6_K in turn (as in the
+    real Qwen files); needs hidden and intermediate multiples of 256."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_block_count(num_layers)
+    w.add_context_length(context)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(intermediate)
+    w.add_head_count(num_heads)
+    w.add_head_count_kv(num_kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    vocab = _add_tokenizer(w)
 
     head_dim = hidden // num_heads
     Q = gguf.GGMLQuantizationType

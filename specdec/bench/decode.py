@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.cli import read_prompts_file
-from specdec.models.weight_cache import atomic_write_text
+from specdec.fileio import atomic_write_text
+from specdec.prompts import read_prompts_file
 from specdec.sampling_params import SamplingParams
 
 
@@ -68,7 +68,7 @@ def run_decode_bench(a) -> dict:
                                               / summary["transformers_tokens_per_second"])
         summary["transformers_load_seconds"] = peer.load_seconds
     report = {
-        "model": llm.engine.loaded.name, "precision": a.precision, "device": a.device,
+        "model": llm.engine.loaded.name, "precision": llm.engine.precision, "device": a.device,
         "prompts_file": a.prompts_file, "num_prompts": len(prompts), "max_tokens": a.max_tokens,
         "repeats": a.repeats, "threads": __import__("torch").get_num_threads(),
         "load_seconds": load_seconds, "weight_cache_hit": llm.engine.loaded.cache_hit,

@@ -17,7 +17,7 @@ from typing import TextIO
 
 from specdec.bench.peers import PeerError, PeerResult
 from specdec.config import specdec_home
-from specdec.models.weight_cache import atomic_write_text
+from specdec.fileio import atomic_write_text
 
 VERSION = "0.3.36"
 WORKER = Path(__file__).with_name("llama_cpp_worker.py")

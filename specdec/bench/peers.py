@@ -135,7 +135,7 @@ class TransformersPeer:
         eos = self.model.generation_config.eos_token_id
         pad = eos[0] if isinstance(eos, list) else eos  # silences the "setting pad_token_id" warning
         threads = torch.get_num_threads()
-        torch.set_num_threads(self.num_threads)  # our engine may have left another count behind
+        torch.set_num_threads(self.num_threads)  # transformers runs on torch's process-wide count
         first = _FirstToken()
         try:
             t = time.perf_counter()

@@ -12,11 +12,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from specdec.bench.contention import Contention
-from specdec.bench.spec_bench import PROMPTS_DIR
-from specdec.cli import read_prompts_file
+from specdec.contention import Contention
 from specdec.config import CacheConfig, EngineConfig, ModelConfig
-from specdec.models.weight_cache import atomic_write_text
+from specdec.fileio import atomic_write_text
+from specdec.prompts import read_set
 from specdec.sampling_params import SamplingParams
 
 
@@ -51,7 +50,7 @@ def run_precision_bench(a) -> dict:
     llms = {m: LLM(config=EngineConfig(model=ModelConfig(model=a.model, precision=m, num_threads=a.threads),
                                        cache=CacheConfig(target_cache_blocks=256)), progress=False) for m in modes}
     tok = llms["float32"].engine.loaded.tokenizer
-    prompts = [(s, p) for s in a.sets.split(",") for p in read_prompts_file(str(PROMPTS_DIR / f"{s}.jsonl"))[: a.num_prompts]]
+    prompts = [(s, p) for s in a.sets.split(",") for p in read_set(s)[: a.num_prompts]]
     params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
     rows = []
     for s, text in tqdm(prompts, desc="bench precision", file=sys.stderr):

@@ -17,9 +17,8 @@ import sys
 from pathlib import Path
 
 from specdec.config import DEFAULT_TARGET, PRECISIONS
-from specdec.speculation.controller import predicted_speedup
-
-SETS = ("code_edit", "code_gen", "chat", "prose", "zh")
+from specdec.prompts import SETS, read_set
+from specdec.speculation.costs import predicted_speedup
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,7 +53,7 @@ def parse_candidate(spec: str) -> tuple[str, dict]:
 
 
 def cmd_profile_drafts(a: argparse.Namespace) -> int:
-    from specdec.models.weight_cache import atomic_write_text
+    from specdec.fileio import atomic_write_text
     report = run_profile(a)
     atomic_write_text(Path(a.out), json.dumps(report, indent=2))
     print(f"wrote {a.out}", file=sys.stderr)
@@ -67,13 +66,11 @@ def cmd_profile_drafts(a: argparse.Namespace) -> int:
 def run_profile(a: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
-    from specdec.bench.spec_bench import PROMPTS_DIR
-    from specdec.cli import read_prompts_file
     from specdec.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
     from specdec.llm import LLM
     from specdec.models.loader import load_model
     from specdec.sampling_params import SamplingParams
-    from specdec.speculation.factory import default_draft
+    from specdec.models.registry import default_draft
 
     sets = a.sets.split(",")
     if bad := sorted(set(sets) - set(SETS)):
@@ -94,7 +91,7 @@ def run_profile(a: argparse.Namespace) -> dict:
     arms = {spec: engine(SpeculativeConfig(method=method, num_speculative_tokens=a.k, policy="fixed", **kw))
             for spec, method, kw in candidates}
     params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
-    prompts = {s: read_prompts_file(str(PROMPTS_DIR / f"{s}.jsonl"))[: a.num_prompts] for s in sets}
+    prompts = {s: read_set(s)[: a.num_prompts] for s in sets}
     runs: dict[str, dict[str, list]] = {spec: {s: [] for s in sets} for spec in arms}
     plain_runs: dict[str, list] = {s: [] for s in sets}
     total = sum(len(p) for p in prompts.values()) * (1 + len(arms))
@@ -132,10 +129,11 @@ def _summarise(a, target: str, candidates, arms, runs, plain_runs) -> dict:
     rows, recommend = [], {}
     for spec, method, kw in candidates:
         llm = arms[spec]
-        controller = llm.engine.controllers[llm.engine.default_method]
-        t_draft = controller.draft_costs.estimate(1) or 0.0   # one draft step at batch 1 (measured)
-        t_verify = controller.verify_costs.estimate(a.k + 1) or t_target
-        t_one = controller.verify_costs.estimate(1) or t_target
+        measured = llm.engine.stats().speculation
+        costs = next(p for p in measured.proposers if p.id == measured.default)
+        t_draft = costs.draft_step_seconds or 0.0   # one draft step at batch 1 (measured)
+        t_verify = costs.verify_seconds[a.k] or t_target
+        t_one = costs.verify_seconds[0] or t_target
         c = t_draft / t_one if t_one else 0.0
         domains = {}
         for s, outs in runs[spec].items():

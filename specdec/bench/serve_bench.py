@@ -18,12 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.bench.contention import Contention
+from specdec.contention import Contention
 from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
-from specdec.models.weight_cache import atomic_write_text
+from specdec.fileio import atomic_write_text
+from specdec.prompts import read_set
 from specdec.sampling_params import SamplingParams
 
-SETS = ("code_gen", "chat", "prose", "code_edit", "zh")
+SETS = ("code_gen", "chat", "prose", "code_edit", "zh")  # the request pool, in this order (then shuffled)
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -93,29 +94,29 @@ async def _run_rate(engine, prompts: list[list[int]], arrivals: list[float], par
 def run_serve_bench(a) -> dict:
     from tqdm import tqdm
 
-    from specdec.bench.spec_bench import PROMPTS_DIR
-    from specdec.cli import read_prompts_file
+    from specdec.bench.weights import resolve_precisions
     from specdec.engine import LLMEngine
     from specdec.models.loader import load_model
-    from specdec.speculation.factory import default_draft
+    from specdec.models.registry import default_draft
 
     rates = [float(r) for r in a.rates.split(",")]
     if any(r <= 0 for r in rates):
         raise ValueError("arrival rates must be > 0 requests/s")
     arms = _arms(a)
-    target = load_model(a.model, a.precision, a.device)
+    precision, draft_precision = resolve_precisions(a.model, a.precision, a.device, a.draft, a.draft_precision)
+    target = load_model(a.model, precision, a.device)
     if "draft" in arms:
         arms["draft"].draft_model = arms["draft"].draft_model or default_draft(target.name)
         if arms["draft"].draft_model is None:
             raise ValueError(f"{target.name} has no default draft: pass --draft or drop the draft arm")
-    draft = (load_model(arms["draft"].draft_model, a.draft_precision or a.precision, a.device)
+    draft = (load_model(arms["draft"].draft_model, draft_precision, a.device)
              if "draft" in arms else None)
     tok = target.tokenizer
-    pool = [p for s in SETS for p in read_prompts_file(str(PROMPTS_DIR / f"{s}.jsonl"))]
+    pool = [p for s in SETS for p in read_set(s)]
     random.Random(a.seed).shuffle(pool)
     engines = {}
     for name, spec in arms.items():
-        cfg = EngineConfig(model=ModelConfig(model=target.name, precision=a.precision, device=a.device,
+        cfg = EngineConfig(model=ModelConfig(model=target.name, precision=precision, device=a.device,
                                              num_threads=a.threads),
                            cache=CacheConfig(enable_prefix_caching=False),
                            scheduler=SchedulerConfig(max_batch_size=a.max_batch_size), speculative=spec)
@@ -139,7 +140,7 @@ def run_serve_bench(a) -> dict:
                                             noisy=busy.noisy)
             bar.update(1)
     bar.close()
-    report = {"model": target.name, "draft": draft.name if draft else None, "precision": a.precision,
+    report = {"model": target.name, "draft": draft.name if draft else None, "precision": precision,
               "draft_precision": draft.precision if draft else None,
               "device": a.device, "k": a.k, "policy": a.policy, "max_tokens": a.max_tokens,
               "num_requests_per_rate": a.num_requests, "max_batch_size": a.max_batch_size, "rates": rates,

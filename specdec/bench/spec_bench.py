@@ -19,15 +19,13 @@ import time
 from pathlib import Path
 
 from specdec.bench.bandwidth import ceiling, measure_read_bandwidth
-from specdec.bench.contention import Contention
+from specdec.contention import Contention
 from specdec.bench.peers import check_peers, make_peers
-from specdec.cli import read_prompts_file
 from specdec.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
-from specdec.models.weight_cache import atomic_write_text
+from specdec.fileio import atomic_write_text
+from specdec.prompts import read_set
 from specdec.sampling_params import SamplingParams
 
-PROMPTS_DIR = Path(__file__).parent / "prompts"
-SETS = ("code_edit", "code_gen", "chat", "prose", "zh")
 ARMS = {
     "plain": None,
     "draft_fixed": ("draft_model", "fixed"),
@@ -42,6 +40,7 @@ SUBVOCAB_SIZE = 32768
 
 
 def _arm_llm(name: str, a, target, draft):
+    """The LLM of one arm, on the shared target (and draft) weights, in their precisions."""
     from specdec.llm import LLM
     spec = None
     if ARMS[name] is not None:
@@ -50,7 +49,7 @@ def _arm_llm(name: str, a, target, draft):
                                  num_speculative_tokens=a.k, policy=policy,
                                  draft_vocab_size=SUBVOCAB_SIZE if "subvocab" in name else None,
                                  draft_precision=draft.precision if draft else None)
-    cfg = EngineConfig(model=ModelConfig(model=target.name, precision=a.precision, device=a.device,
+    cfg = EngineConfig(model=ModelConfig(model=target.name, precision=target.precision, device=a.device,
                                          num_threads=a.threads),
                        # no prefix cache: every run prefills its prompt, as every peer's run does
                        cache=CacheConfig(target_cache_blocks=512, draft_cache_blocks=512, enable_prefix_caching=False),
@@ -60,8 +59,9 @@ def _arm_llm(name: str, a, target, draft):
 
 
 def run_spec_bench(a) -> dict:
+    from specdec.bench.weights import resolve_precisions
     from specdec.models.loader import load_model, resolve
-    from specdec.speculation.factory import default_draft
+    from specdec.models.registry import default_draft
 
     arms = a.arms.split(",")
     unknown = set(arms) - set(ARMS)
@@ -70,19 +70,19 @@ def run_spec_bench(a) -> dict:
     sets = a.sets.split(",")
     peer_names = [p for p in (a.peers or "").split(",") if p]
     check_peers(peer_names, a.install_peers)  # before minutes of loading
+    precision, draft_precision = resolve_precisions(a.model, a.precision, a.device, a.draft, a.draft_precision)
     t0 = time.perf_counter()
-    target = load_model(a.model, a.precision, a.device)
+    target = load_model(a.model, precision, a.device)
     load_seconds = time.perf_counter() - t0
     draft_name = a.draft or default_draft(target.name)
     needs_draft = any(ARMS[x] and ARMS[x][0] == "draft_model" for x in arms)
     if (needs_draft or "transformers_assisted" in peer_names) and not draft_name:
         raise ValueError(f"{a.model} has no default draft: pass --draft or drop the draft arms and transformers_assisted")
-    draft_precision = a.draft_precision or a.precision
     draft = load_model(draft_name, draft_precision, a.device) if needs_draft else None
     llms = {name: _arm_llm(name, a, target, draft) for name in arms}
     tok = target.tokenizer
     prompts = {s: [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
-                   for p in read_prompts_file(str(PROMPTS_DIR / f"{s}.jsonl"))[: a.num_prompts]] for s in sets}
+                   for p in read_set(s)[: a.num_prompts]] for s in sets}
     params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
     num_threads = a.threads or os.cpu_count() or 1  # what our arms may use: --threads, else every core
     roof = ceiling(measure_read_bandwidth(num_threads=num_threads), target.weights, target.config.tie_embeddings,
@@ -97,7 +97,7 @@ def run_spec_bench(a) -> dict:
         for p in peers.values():
             p.close()
     summary = _summarize(runs, sets, names)
-    report = {"model": target.name, "draft": draft.name if draft else None, "precision": a.precision,
+    report = {"model": target.name, "draft": draft.name if draft else None, "precision": precision,
               "draft_precision": draft.precision if draft else None,
               "device": a.device, "k": a.k, "max_tokens": a.max_tokens, "repeats": a.repeats,
               "num_prompts_per_set": a.num_prompts, "load_seconds": load_seconds, "threads": num_threads,
@@ -108,8 +108,8 @@ def run_spec_bench(a) -> dict:
               "noisy_runs": sum(r["noisy"] for r in runs), "summary": summary, "runs": runs}
     atomic_write_text(Path(a.out), json.dumps(report, indent=1))
     if a.plot:
-        drafted = f", draft {draft.precision}" if draft and draft.precision != a.precision else ""
-        plot(summary, sets, names, Path(a.plot), f"{target.name} ({a.precision}{drafted}), k={a.k}, {a.max_tokens} tokens",
+        drafted = f", draft {draft.precision}" if draft and draft.precision != precision else ""
+        plot(summary, sets, names, Path(a.plot), f"{target.name} ({precision}{drafted}), k={a.k}, {a.max_tokens} tokens",
              roof)
     _print_table(summary, sets, names)
     print(f"memory-bandwidth ceiling: {roof['bandwidth_gb_s']:.1f} GB/s read / "

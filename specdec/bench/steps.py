@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
+from specdec.fileio import atomic_write_text
 from specdec.models.llama import LlamaConfig, LlamaModel, param_shapes
-from specdec.models.weight_cache import atomic_write_text
 from specdec.runner.model_runner import ModelRunner
 
 

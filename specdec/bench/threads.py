@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.contention import Contention
-from specdec.models.weight_cache import atomic_write_text
+from specdec.contention import Contention
+from specdec.fileio import atomic_write_text
 
 KERNELS = ("float32", "int4", "int4-a16", "int4-a8")
 ACT = {"int4-a16": 16, "int4-a8": 8}  # activation bits of the integer kernels
@@ -75,7 +75,7 @@ def run_threads_bench(a) -> dict:
     from tqdm import tqdm
 
     from specdec.quant import kernel
-    from specdec.runner.attention import linear
+    from specdec.quant.layers import linear
 
     if not kernel.available():
         raise RuntimeError(f"bench threads times specdec's CPU kernels: {kernel.unavailable_reason()}")

@@ -1,9 +1,9 @@
 """Scheduler: continuous batching under a token budget, FCFS.
 
 One rule covers prefill, chunked prefill, plain decode and verification alike: each step moves a
-request's `num_computed_tokens` toward `num_tokens + num_spec_tokens` within the token budget
-(num_spec_tokens: the drafts planned for this step; the proposer fills them in after scheduling,
-for exactly the slots scheduled).
+request's `num_computed_tokens` toward `num_tokens + len(spec_token_ids)` within the token budget
+(spec_token_ids: the drafts proposed for this step, before scheduling). Drafts are optional: where
+the budget or the KV pool is short, the scheduler trims them (what it keeps is what gets verified).
 Running requests are served first (oldest first); waiting ones are admitted while budget, batch
 size and KV blocks allow: room for the prompt plus the k speculative slots in the target pool, and
 room for the prompt in the draft pool of the request's proposer (two-pool admission). When target
@@ -29,7 +29,10 @@ class QueueFull(RuntimeError):
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, kv: KVCacheManager,
-                 max_model_len: int) -> None:
+                 max_model_len: int, draft_pools: dict[str, KVCacheManager] | None = None,
+                 spec_reserve: int = 0) -> None:
+        """`draft_pools`: the proposers' KV pools by proposer id (the speculator keeps the dict up to
+        date); `spec_reserve`: k, the target slots kept free for drafts when admitting a request."""
         self.config = config
         self.cache_config = cache_config
         self.kv = kv
@@ -38,8 +41,8 @@ class Scheduler:
         self.background: deque[Request] = deque()   # low priority: admitted when `waiting` is empty
         self.running: list[Request] = []
         self.num_preemptions = 0
-        self.draft_pools: dict[str, KVCacheManager] = {}  # method -> the proposer's KV pool
-        self.spec_reserve = 0                             # k: target slots kept free for drafts
+        self.draft_pools = draft_pools if draft_pools is not None else {}
+        self.spec_reserve = spec_reserve
 
     # ---- admission ----------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -80,8 +83,8 @@ class Scheduler:
             if req not in self.running:  # preempted below by an older request
                 continue
             num_new = self._num_new_tokens(req, budget)
-            if req.num_spec_tokens and not self.kv.can_allocate(req.request_id, num_new):
-                req.num_spec_tokens = 0  # drafts are optional: drop them before evicting anyone
+            if req.spec_token_ids and not self.kv.can_allocate(req.request_id, num_new):
+                req.spec_token_ids = []  # drafts are optional: drop them before evicting anyone
                 num_new = self._num_new_tokens(req, budget)
             while not self.kv.can_allocate(req.request_id, num_new):
                 # the youngest background request goes first, then the youngest request
@@ -141,7 +144,7 @@ class Scheduler:
                                  draft_cached)
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
-        target = req.num_tokens + req.num_spec_tokens
+        target = req.num_tokens + len(req.spec_token_ids)
         num_new = min(target - req.num_computed_tokens, budget)
         if self.config.long_prefill_token_threshold:
             num_new = min(num_new, self.config.long_prefill_token_threshold)
@@ -151,7 +154,8 @@ class Scheduler:
     def _chunk(self, req: Request, num_new: int) -> ScheduledChunk:
         start = req.num_computed_tokens
         end = start + num_new
-        tokens = req.all_token_ids[start:end]  # committed part; drafts are appended after proposing
+        req.spec_token_ids = req.spec_token_ids[: max(0, end - req.num_tokens)]  # the drafts that fit
+        tokens = req.all_token_ids[start:end] + req.spec_token_ids
         # logits for every position from the last committed token on: 1 + drafts covered
         num_logits = max(0, end - (req.num_tokens - 1))
         return ScheduledChunk(req.request_id, tokens, start, list(self.kv.block_tables[req.request_id]),

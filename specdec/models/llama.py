@@ -4,11 +4,11 @@ SwiGLU MLP, optional QKV bias.
 Weights arrive fused under our own names (see `param_shapes`): `qkv` is q|k|v stacked, `gate_up`
 is gate|up stacked. Q/K rows are in the rotate-half ("NeoX") layout for every architecture; the
 GGUF loader undoes llama.cpp's interleaving permutation for `llama` files. Every matrix product goes
-through `runner.attention.linear` / `runner.attention.paged_attention`, which keep each token's
-numerics independent of what else shares the forward. With float32 activations on an AVX2 CPU,
-RMSNorm (with the residual add before it), RoPE and SwiGLU's activation run in the C++ kernels
+through `quant.layers.linear` / `quant.attention.paged_attention`, which keep each token's numerics
+independent of what else shares the forward. With float32 activations on an AVX2 CPU, RMSNorm (with
+the residual add before it), RoPE and SwiGLU's activation run in the C++ kernels
 (`quant/layer_ops.cpp`): as PyTorch ops their dispatch cost more than their arithmetic at one token
-per forward.
+per forward. Which kernel paths a model takes is its `KernelOptions` (default: every one available).
 """
 from __future__ import annotations
 
@@ -18,17 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from specdec.quant import kernel
+from specdec.quant.attention import AttentionMetadata, paged_attention
 from specdec.quant.decoder import FusedDecoder
+from specdec.quant.layers import in_row_blocks, linear, row_align
+from specdec.quant.options import KernelOptions, dense_kernel, layer_kernels
 from specdec.quant.packed import QuantLinear
-from specdec.runner import attention
-from specdec.runner.attention import (
-    AttentionMetadata,
-    in_row_blocks,
-    layer_kernels,
-    linear,
-    paged_attention,
-    row_align,
-)
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
@@ -74,7 +68,7 @@ def param_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.device.type == "cuda":  # a row reduction: one shape for every batch (runner/attention.py)
+    if x.device.type == "cuda":  # a row reduction: one shape for every batch (quant/layers.py)
         return in_row_blocks(lambda rows: _rms_norm(rows, weight, eps), x)
     return _rms_norm(x, weight, eps)
 
@@ -106,8 +100,10 @@ class LlamaModel:
     """Stateless forward over flat token rows; the KV cache lives in the runner."""
 
     def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], max_positions: int,
-                 device: torch.device, skip_layers: frozenset[int] = frozenset()) -> None:
-        """`skip_layers`: layers the forward leaves out (self-speculation: the target as its own draft)."""
+                 device: torch.device, skip_layers: frozenset[int] = frozenset(),
+                 options: KernelOptions = KernelOptions()) -> None:
+        """`skip_layers`: layers the forward leaves out (self-speculation: the target as its own draft).
+        `options`: the kernel paths the forward may take (tests turn some off to check the fallbacks)."""
         missing = set(param_shapes(cfg)) - set(weights)
         if missing:
             raise ValueError(f"model weights missing: {sorted(missing)[:5]}")
@@ -117,8 +113,10 @@ class LlamaModel:
         qkv = weights["layers.0.qkv"]
         self.packed = isinstance(qkv, QuantLinear)  # weight-only quantized: float32 activations
         self.dtype = torch.float32 if self.packed else qkv.dtype
+        self.options = options
         # rows are padded to a multiple of this
-        self.row_align = row_align("int4" if self.packed else str(self.dtype).removeprefix("torch."), device)
+        self.row_align = row_align("int4" if self.packed else str(self.dtype).removeprefix("torch."), device,
+                                   options)
         self.cos, self.sin = rope_tables(cfg, max_positions, device)
         self.vocab_ids: torch.Tensor | None = None  # set by restrict_vocab
         self.skip_layers = skip_layers
@@ -129,7 +127,7 @@ class LlamaModel:
     def _fused_decoder(self) -> FusedDecoder | None:
         """The layer loop in one C++ call, where every layer runs on the kernels (see quant/decoder.py);
         the caller has checked the layer kernels (`_kernels`)."""
-        if not (attention.USE_FUSED_DECODER and (self.packed or attention.dense_kernel(self.device))):
+        if not (self.options.fused_decoder and (self.packed or dense_kernel(self.device, self.options))):
             return None
         if not self._fused_tried:
             cfg, w = self.cfg, self.w
@@ -141,8 +139,8 @@ class LlamaModel:
 
     def _kernels(self) -> bool:
         cfg = self.cfg
-        return (layer_kernels(self.dtype, self.device) and cfg.hidden_size % 8 == 0 and cfg.head_dim % 16 == 0
-                and cfg.intermediate_size % 8 == 0)
+        return (layer_kernels(self.dtype, self.device, self.options) and cfg.hidden_size % 8 == 0
+                and cfg.head_dim % 16 == 0 and cfg.intermediate_size % 8 == 0)
 
     def _norm(self, h: torch.Tensor, weight: torch.Tensor, delta: torch.Tensor | None, fast: bool) -> torch.Tensor:
         """h += delta (in place: the residual stream), then RMSNorm(h)."""
@@ -156,7 +154,7 @@ class LlamaModel:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """input_ids, positions: [num_rows] (num_rows padded to a multiple of `row_align`).
         Returns final-normed hidden states [num_rows, hidden_size]."""
-        cfg, w = self.cfg, self.w
+        cfg, w, options = self.cfg, self.w, self.options
         nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         fast = self._kernels()
         if not fast:
@@ -173,22 +171,22 @@ class LlamaModel:
                 continue
             p = f"layers.{n}."
             x = self._norm(h, w[p + "input_norm"], delta, fast)
-            qkv = linear(x, w[p + "qkv"], w.get(p + "qkv_bias"))
+            qkv = linear(x, w[p + "qkv"], w.get(p + "qkv_bias"), options=options)
             if fast:  # in place on q|k of each row
                 kernel.rope_(qkv[:, :(nh + nkv) * d].view(-1, nh + nkv, d), positions, self.cos, self.sin)
             q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
             q, k = q.reshape(-1, nh, d), k.reshape(-1, nkv, d)
             if not fast:
                 q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            attn = paged_attention(q, k, v.reshape(-1, nkv, d), kv_caches[n], meta)
-            x = self._norm(h, w[p + "post_norm"], linear(attn, w[p + "o"]), fast)
-            gate_up = linear(x, w[p + "gate_up"])
+            attn = paged_attention(q, k, v.reshape(-1, nkv, d), kv_caches[n], meta, options=options)
+            x = self._norm(h, w[p + "post_norm"], linear(attn, w[p + "o"], options=options), fast)
+            gate_up = linear(x, w[p + "gate_up"], options=options)
             if fast:
                 act = kernel.silu_mul(gate_up)
             else:
                 gate, up = gate_up.chunk(2, dim=-1)
                 act = F.silu(gate) * up
-            delta = linear(act, w[p + "down"])
+            delta = linear(act, w[p + "down"], options=options)
         return self._norm(h, w["norm"], delta, fast)
 
     def restrict_vocab(self, ids: torch.Tensor) -> None:
@@ -199,7 +197,7 @@ class LlamaModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [num_rows, hidden_size] (a multiple of `row_align` rows) -> float32 logits [num_rows, vocab]."""
-        logits = linear(hidden, self.lm_head).float()
+        logits = linear(hidden, self.lm_head, options=self.options).float()
         if self.vocab_ids is None:
             return logits
         full = logits.new_full((logits.shape[0], self.cfg.vocab_size), float("-inf"))

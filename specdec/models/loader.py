@@ -74,3 +74,8 @@ def load_model(model: str, precision: str = "float32", device: str = "cpu", prog
         cfg, weights, hit = load_gguf(path, sha, cache_dir, DTYPES[precision], device, progress)
     tok = Tokenizer.from_gguf(path, cache_dir)
     return LoadedModel(name, path, sha, cfg, weights, tok, time.perf_counter() - t0, hit, precision)
+
+
+def is_gguf(model: str) -> bool:
+    """Whether a model reference names a GGUF file (registry models are GGUF files), without loading."""
+    return model in registry.REGISTRY or Path(model).expanduser().suffix == ".gguf"

@@ -28,8 +28,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _RustTokenizer
 
+from specdec.fileio import atomic_write_text
 from specdec.models.gguf_loader import ModelFileError, read_metadata
-from specdec.models.weight_cache import atomic_write_text
 
 _CACHE_FORMAT = 1
 _TYPE_UNUSED, _TYPE_CONTROL, _TYPE_USER = 5, 3, 4

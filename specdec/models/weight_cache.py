@@ -10,12 +10,13 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+
+from specdec.fileio import atomic_write_text
 
 _DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
@@ -59,19 +60,6 @@ def write_streaming(path: Path, shapes: dict[str, tuple[int, ...]], dtype: torch
 def load_mmap(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
     with safe_open(str(path), framework="pt", device=device) as f:
         return {name: f.get_tensor(name) for name in f.keys()}
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Readers see the old file or the whole new one, never a partial write."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _memo_key(path: Path) -> str:

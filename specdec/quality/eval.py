@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # the CLI imports this module to register the subcommand: kee
     from specdec.llm import LLM
     from specdec.models.tokenizer import Tokenizer
 
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "prompts"
 METHODS = ("plain", "draft_model", "ngram")
 REFERENCE = "plain@float32"
 DEFAULT_CANDIDATES = "draft_model@float32,ngram@float32,plain@bfloat16,draft_model@bfloat16"
@@ -102,13 +101,13 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 def read_sets(sets: list[str], num_prompts: int) -> list[tuple[str, int, str]]:
     """(set, index, text) of the first num_prompts prompts of each named set."""
-    from specdec.cli import read_prompts_file
-    available = sorted(p.stem for p in PROMPTS_DIR.glob("*.jsonl"))
+    from specdec.prompts import available_sets, read_set
+    available = available_sets()
     unknown = [s for s in sets if s not in available]
     if unknown or not sets:
         raise ValueError(f"unknown prompt set(s) {unknown or sets}; choose from {', '.join(available)}")
     return [(s, i, text) for s in sets
-            for i, text in enumerate(read_prompts_file(str(PROMPTS_DIR / f"{s}.jsonl"))[:num_prompts])]
+            for i, text in enumerate(read_set(s)[:num_prompts])]
 
 
 def tokenize_prompts(texts: list[tuple[str, int, str]], tokenizer: Tokenizer, chat: bool) -> list[EvalPrompt]:
@@ -130,7 +129,7 @@ def _build_llms(a: argparse.Namespace, arms: list[Arm]) -> tuple[dict[str, LLM],
     from specdec.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
     from specdec.llm import LLM
     from specdec.models.loader import load_model
-    from specdec.speculation.factory import default_draft
+    from specdec.models.registry import default_draft
 
     t0 = time.perf_counter()
     targets = {p: load_model(a.model, p, a.device, progress=False) for p in dict.fromkeys(x.precision for x in arms)}
@@ -200,7 +199,7 @@ def _generate(llms: dict[str, LLM], arms: list[Arm], prompts: list[EvalPrompt], 
     """Every prompt through every arm, greedily at batch 1; one record per (prompt, arm)."""
     from tqdm import tqdm
 
-    from specdec.bench.contention import Contention
+    from specdec.contention import Contention
     from specdec.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)

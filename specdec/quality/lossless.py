@@ -18,11 +18,13 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specdec.quality.chi_square import chi_square_two_sample
+from specdec.sample.rejection_sampler import rejection_sample
 
 if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig
@@ -137,9 +139,9 @@ def sample_arm(target: LoadedModel, prompt_ids: list[list[int]], params: Samplin
         scheduler=SchedulerConfig(max_num_batched_tokens=max(512, max_batch_size * (k + 1) + longest),
                                   max_batch_size=max_batch_size, max_queued_requests=num_samples * len(prompt_ids)),
         speculative=speculative)
-    llm = LLM(config=config, loaded=target, draft_loaded=draft, progress=False)
+    sampler = partial(rejection_sample, _test_mode=_broken_sampler)  # tests only: a deliberately broken one
+    llm = LLM(config=config, loaded=target, draft_loaded=draft, progress=False, rejection_sampler=sampler)
     engine = llm.engine
-    engine._rejection_test_mode = _broken_sampler  # tests only: a deliberately broken sampler
     llm.generate(prompt_ids, replace(params, max_tokens=1, seed=0))  # warm the prefix cache
 
     method = speculative.method if speculative else "plain"
@@ -260,10 +262,10 @@ def check_lossless(target: LoadedModel, prompts: Sequence[str] = DEFAULT_PROMPTS
 
 
 def cmd_check_lossless(a: argparse.Namespace) -> int:
-    from specdec.cli import read_prompts_file
+    from specdec.fileio import atomic_write_text
     from specdec.models.loader import load_model
-    from specdec.models.weight_cache import atomic_write_text
-    from specdec.speculation.factory import default_draft
+    from specdec.models.registry import default_draft
+    from specdec.prompts import read_prompts_file
 
     prompts = read_prompts_file(a.prompts_file) if a.prompts_file else list(DEFAULT_PROMPTS)
     # fail before loading weights and minutes of sampling, not after

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import TextIO
 
-from specdec.models.weight_cache import atomic_write_text
+from specdec.fileio import atomic_write_text
 from specdec.quality.text_metrics import bleu
 
 

@@ -9,15 +9,12 @@ log-probs equal, bitwise, to the ones step-by-step decoding sees. Run it only on
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
 
-from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.engine import LLMEngine
 
-_ids = itertools.count()
 
 
 def score_tokens(engine: LLMEngine, prompt_token_ids: list[int], output_token_ids: list[int]) -> list[float]:
@@ -38,35 +35,7 @@ def score_tokens(engine: LLMEngine, prompt_token_ids: list[int], output_token_id
 
 def teacher_logits(engine: LLMEngine, prompt_token_ids: list[int], output_token_ids: list[int]) -> torch.Tensor:
     """The raw float32 logits that predict each output token: [len(output_token_ids), vocab]."""
-    if not prompt_token_ids:
-        raise ValueError("score_tokens needs at least one prompt token")
-    if engine.has_unfinished():
-        raise RuntimeError("score_tokens borrows the engine's runner: wait until its requests finish")
-    all_ids = prompt_token_ids + output_token_ids
-    if len(all_ids) > engine.max_model_len:
-        raise ValueError(f"{len(all_ids)} tokens exceed the engine's max_model_len {engine.max_model_len}")
-    inputs = all_ids[:-1]             # the last token predicts nothing we score
-    first_scored = len(prompt_token_ids) - 1  # this position's logits predict the first output token
-    kv = engine.kv
-    rid = f"__score-{next(_ids)}"
-    cached = kv.find_cached_prefix(prompt_token_ids)  # only ever ends before first_scored
-    start = len(cached) * kv.block_size
-    budget = engine.config.scheduler.max_num_batched_tokens
-    rows: list[torch.Tensor] = []
-    try:
-        kv.allocate(rid, len(inputs) - start, cached)
-        for pos in range(start, len(inputs), budget):
-            chunk_ids = inputs[pos:pos + budget]
-            end = pos + len(chunk_ids)
-            num_logits = max(0, end - max(pos, first_scored))  # the scored rows are a suffix of inputs
-            chunk = ScheduledChunk(rid, chunk_ids, pos, list(kv.block_tables[rid]), num_logits)
-            out = engine.runner.execute(SchedulerOutput([chunk], len(chunk_ids), kv.take_pending_copies()))
-            rows.append(out.logits[:num_logits].float())
-    finally:
-        kv.free(rid)
-    logits = torch.cat(rows)
-    assert logits.shape[0] == len(output_token_ids)
-    return logits
+    return engine.teacher_logits(prompt_token_ids, output_token_ids)
 
 
 def perplexity(token_logprobs: list[float]) -> float | None:

@@ -3,53 +3,11 @@
 // down. From Python the same loop made about 300 kernel calls a token, and their Python and ctypes
 // overhead cost more than attention's arithmetic. Every step calls the same kernels as the Python loop
 // (`llama.py`), in the same order, on the same rows: the results are bitwise the same.
-#include <stdint.h>
 #include <string.h>
 
 #include <vector>
 
-extern "C" {
-int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes, const float* scale,
-            const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int16_t* sub,
-            const float* dsup);
-int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y, int64_t ldy,
-                 int threads);
-void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t rows, int64_t h, const float* w,
-              float eps, float* out, int threads);
-void rope(float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t d, const int64_t* positions, const float* cos,
-          const float* sin);
-void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads);
-void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
-               const float* k_cache, const float* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
-               const int64_t* ctx_len, float scale, float* out, int threads);
-}
-
-// One block of output features of a linear layer: packed codes (dense == null) or float32 weights.
-struct Part {
-    int64_t n;                          // output features
-    int bits, group, act;                // act: activation bits of the integer kernels (0, 8, 16)
-    const void* codes;
-    const float *scale, *offset, *dsup;
-    const int16_t* sub;
-    const float* dense;                 // [n, k] float32, or null
-};
-
-struct Linear {
-    const Part* parts;
-    int64_t num_parts, n;               // n: all parts' output features
-    const float* bias;                  // [n] or null
-};
-
-struct Layer {
-    const float *input_norm, *post_norm;
-    Linear qkv, o, gate_up, down;
-    float *k_cache, *v_cache;           // [slots, num_kv_heads, head_dim]
-};
-
-struct Dims {
-    int64_t hidden, intermediate, num_heads, num_kv_heads, head_dim;
-    float eps, attn_scale;
-};
+#include "kernels.h"
 
 namespace {
 

@@ -1,5 +1,6 @@
 """The decoder's layer loop as one C++ call (`decoder.cpp`): the model's weights described once as
-ctypes structs, then each forward is a single call instead of about ten kernel calls per layer.
+ctypes structs (`kernels.h`, mirrored in `kernel.py`), then each forward is a single call instead of
+about ten kernel calls per layer.
 
 Used by `LlamaModel.forward` whenever every layer runs on the C++ kernels (float32 activations on an
 AVX2 CPU, weights packed or dense float32); the Python loop stays for every other case and as the
@@ -11,31 +12,10 @@ import ctypes
 import torch
 
 from specdec.quant import kernel
+from specdec.quant.kernel import Dims, Layer, Linear, Part
 from specdec.quant.packed import QuantLinear, QuantTensor
 
 _SUPPORTED = {(4, 32), (8, 32), (8, 16)}  # (bits, group) the linear kernel runs
-
-
-class Part(ctypes.Structure):
-    _fields_ = [("n", ctypes.c_int64), ("bits", ctypes.c_int), ("group", ctypes.c_int), ("act", ctypes.c_int),
-                ("codes", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
-                ("dsup", ctypes.c_void_p), ("sub", ctypes.c_void_p), ("dense", ctypes.c_void_p)]
-
-
-class Linear(ctypes.Structure):
-    _fields_ = [("parts", ctypes.POINTER(Part)), ("num_parts", ctypes.c_int64), ("n", ctypes.c_int64),
-                ("bias", ctypes.c_void_p)]
-
-
-class Layer(ctypes.Structure):
-    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("qkv", Linear), ("o", Linear),
-                ("gate_up", Linear), ("down", Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
-
-
-class Dims(ctypes.Structure):
-    _fields_ = [("hidden", ctypes.c_int64), ("intermediate", ctypes.c_int64), ("num_heads", ctypes.c_int64),
-                ("num_kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("eps", ctypes.c_float),
-                ("attn_scale", ctypes.c_float)]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -121,7 +101,7 @@ class FusedDecoder:
 
 
 def _supported(weight: object) -> bool:
-    """Whether the C++ loop runs this linear layer as `runner.attention.linear` would: packed parts in a
+    """Whether the C++ loop runs this linear layer as `layers.linear` would: packed parts in a
     layout `qlinear` takes (super-block scales exist only for its two super-block layouts, see
     `QuantTensor.super_blocks`), dense float32 parts through `dense_linear` (k a multiple of 8)."""
     if not isinstance(weight, (QuantLinear, torch.Tensor)):

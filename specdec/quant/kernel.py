@@ -1,10 +1,11 @@
 """The AVX2 CPU kernels, one library: `qlinear.cpp` (linear layers: quantized weights, and dense float32
 weights), `layer_ops.cpp` (RMSNorm, rotary embeddings, SwiGLU's activation, paged attention) and
-`decoder.cpp` (the layer loop over them in one call; its Python side is `decoder.py`). Built with the system
-C++ compiler on first use into $SPECDEC_HOME/kernels (keyed by the sources' hash, written under a
-temporary name, then renamed), loaded with ctypes. Where it cannot be built (no compiler, no AVX2,
-not x86), `available()` says why: the pure-PyTorch paths run instead (`packed.py`, `models/llama.py`,
-`runner/attention.py`), and float32 uses MKL in row blocks."""
+`decoder.cpp` (the layer loop over them in one call; its Python side is `decoder.py`), their C ABI declared
+once in `kernels.h` and mirrored once here (the structs and `SIGNATURES`). Built with the system C++
+compiler on first use into $SPECDEC_HOME/kernels (keyed by the hash of the sources and headers, written
+under a temporary name, then renamed), loaded with ctypes. Where it cannot be built (no compiler, no
+AVX2, not x86), `available()` says why: the pure-PyTorch paths run instead (`packed.py`, `layers.py`,
+`attention.py`, `models/llama.py`), and float32 uses MKL in row blocks."""
 from __future__ import annotations
 
 import ctypes
@@ -22,8 +23,55 @@ import torch
 from specdec.config import specdec_home
 
 SOURCES = [Path(__file__).with_name(f) for f in ("qlinear.cpp", "layer_ops.cpp", "decoder.cpp")]
-HEADERS = [Path(__file__).with_name("simd.h")]  # included by the sources: part of the build's hash
+HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "simd.h")]  # included by the sources: hashed too
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+
+
+# ---- the C ABI of kernels.h, mirrored once (tests/test_quant.py checks it against the header) ----
+_ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+class Part(ctypes.Structure):
+    _fields_ = [("n", _i64), ("bits", _int), ("group", _int), ("act", _int), ("codes", _ptr), ("scale", _ptr),
+                ("offset", _ptr), ("dsup", _ptr), ("sub", _ptr), ("dense", _ptr)]
+
+
+class Linear(ctypes.Structure):
+    _fields_ = [("parts", ctypes.POINTER(Part)), ("num_parts", _i64), ("n", _i64), ("bias", _ptr)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("input_norm", _ptr), ("post_norm", _ptr), ("qkv", Linear), ("o", Linear), ("gate_up", Linear),
+                ("down", Linear), ("k_cache", _ptr), ("v_cache", _ptr)]
+
+
+class Dims(ctypes.Structure):
+    _fields_ = [("hidden", _i64), ("intermediate", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
+                ("head_dim", _i64), ("eps", _f32), ("attn_scale", _f32)]
+
+
+# every extern "C" function: name -> (result type, [(argument, type)]); pointers to data are void pointers
+SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
+    "qlinear": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("bits", _int), ("group", _int), ("codes", _ptr),
+                       ("scale", _ptr), ("offset", _ptr), ("n", _i64), ("y", _ptr), ("ldy", _i64),
+                       ("threads", _int), ("act", _int), ("sub", _ptr), ("dsup", _ptr)]),
+    "dense_linear": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("w", _ptr), ("n", _i64), ("y", _ptr),
+                            ("ldy", _i64), ("threads", _int)]),
+    "rms_norm": (None, [("x", _ptr), ("ldx", _i64), ("delta", _ptr), ("ldd", _i64), ("rows", _i64), ("h", _i64),
+                        ("w", _ptr), ("eps", _f32), ("out", _ptr), ("threads", _int)]),
+    "rope": (None, [("x", _ptr), ("ldx", _i64), ("rows", _i64), ("heads", _i64), ("d", _i64), ("positions", _ptr),
+                    ("cos", _ptr), ("sin", _ptr)]),
+    "silu_mul": (None, [("x", _ptr), ("rows", _i64), ("n", _i64), ("out", _ptr), ("threads", _int)]),
+    "attention": (None, [("q", _ptr), ("ldq", _i64), ("rows", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
+                         ("d", _i64), ("k_cache", _ptr), ("v_cache", _ptr), ("ctx_slots", _ptr),
+                         ("ctx_start", _ptr), ("ctx_len", _ptr), ("scale", _f32), ("out", _ptr),
+                         ("threads", _int)]),
+    "decoder_forward": (_int, [("layers", ctypes.POINTER(Layer)), ("num_layers", _i64),
+                               ("dims", ctypes.POINTER(Dims)), ("final_norm", _ptr), ("h", _ptr), ("rows", _i64),
+                               ("positions", _ptr), ("slot_mapping", _ptr), ("num_real", _i64),
+                               ("ctx_slots", _ptr), ("ctx_start", _ptr), ("ctx_len", _ptr), ("cos", _ptr),
+                               ("sin", _ptr), ("out", _ptr), ("threads", _int)]),
+}
 
 
 def _cpu_has_avx2() -> bool:
@@ -73,21 +121,10 @@ def _library() -> ctypes.CDLL | str:
         lib = ctypes.CDLL(str(build()))
     except (RuntimeError, OSError) as e:
         return str(e)
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.qlinear.argtypes = [p, i64, i64, ctypes.c_int, ctypes.c_int, p, p, p, i64, p, i64, ctypes.c_int, ctypes.c_int,
-                           p, p]
-    lib.qlinear.restype = ctypes.c_int
-    lib.dense_linear.argtypes = [p, i64, i64, p, i64, p, i64, ctypes.c_int]
-    lib.dense_linear.restype = ctypes.c_int
-    f32 = ctypes.c_float
-    lib.rms_norm.argtypes = [p, i64, p, i64, i64, i64, p, f32, p, ctypes.c_int]
-    lib.rope.argtypes = [p, i64, i64, i64, i64, p, p, p]
-    lib.attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p, p, f32, p, ctypes.c_int]
-    lib.silu_mul.argtypes = [p, i64, i64, p, ctypes.c_int]
-    for f in (lib.rms_norm, lib.rope, lib.attention, lib.silu_mul):
-        f.restype = None
-    lib.decoder_forward.argtypes = [p, i64, p, p, p, i64, p, p, i64, p, p, p, p, p, p, ctypes.c_int]
-    lib.decoder_forward.restype = ctypes.c_int
+    for name, (restype, args) in SIGNATURES.items():
+        f = getattr(lib, name)
+        f.argtypes = [t for _, t in args]
+        f.restype = restype
     return lib
 
 

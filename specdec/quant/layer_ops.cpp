@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "kernels.h"
 #include "simd.h"
 
 namespace {
@@ -90,6 +91,33 @@ inline void pv_block(const float* p, const float* v, const int64_t* slots, int64
         for (int i = 0; i < W; ++i) r[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * i), r[i]);
     }
     for (int i = 0; i < W; ++i) _mm256_storeu_ps(acc + 8 * i, r[i]);
+}
+
+// Softmax in place over s[0, len): the maximum subtracted, the exponentials summed in a fixed order,
+// then each divided by the sum.
+inline void softmax_(float* s, int64_t len) {
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int64_t t = 0;
+    for (; t + 8 <= len; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
+    float m = hmax8(mv);
+    for (int64_t u = t; u < len; ++u) m = s[u] > m ? s[u] : m;
+    const __m256 m8 = _mm256_set1_ps(m);
+    __m256 sum8 = _mm256_setzero_ps();
+    for (t = 0; t + 8 <= len; t += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), m8));
+        _mm256_storeu_ps(s + t, e);
+        sum8 = _mm256_add_ps(sum8, e);
+    }
+    float sum = hsum(sum8);
+    if (t < len) {  // the last 1-7 scores, padded
+        float tail[8];
+        for (int u = 0; u < 8; ++u) tail[u] = t + u < len ? s[t + u] - m : -INFINITY;
+        _mm256_storeu_ps(tail, exp8(_mm256_loadu_ps(tail)));
+        for (int64_t u = t; u < len; ++u) { s[u] = tail[u - t]; sum += s[u]; }
+    }
+    const __m256 inv = _mm256_set1_ps(sum);
+    for (t = 0; t + 8 <= len; t += 8) _mm256_storeu_ps(s + t, _mm256_div_ps(_mm256_loadu_ps(s + t), inv));
+    for (; t < len; ++t) s[t] /= sum;
 }
 
 }  // namespace
@@ -196,31 +224,7 @@ void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int
                         scores[g * len + t] = dot(qh + g * d, k_cache + (slots[t] * num_kv_heads + kvh) * d, d) * scale;
                 }
             }
-            for (int64_t g = 0; g < group; ++g) {
-                float* s = scores.data() + g * len;
-                __m256 mv = _mm256_set1_ps(-INFINITY);
-                int64_t t = 0;
-                for (; t + 8 <= len; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
-                float m = hmax8(mv);
-                for (int64_t u = t; u < len; ++u) m = s[u] > m ? s[u] : m;
-                const __m256 m8 = _mm256_set1_ps(m);
-                __m256 sum8 = _mm256_setzero_ps();
-                for (t = 0; t + 8 <= len; t += 8) {
-                    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), m8));
-                    _mm256_storeu_ps(s + t, e);
-                    sum8 = _mm256_add_ps(sum8, e);
-                }
-                float sum = hsum(sum8);
-                if (t < len) {  // the last 1-7 scores, padded
-                    float tail[8];
-                    for (int u = 0; u < 8; ++u) tail[u] = t + u < len ? s[t + u] - m : -INFINITY;
-                    _mm256_storeu_ps(tail, exp8(_mm256_loadu_ps(tail)));
-                    for (int64_t u = t; u < len; ++u) { s[u] = tail[u - t]; sum += s[u]; }
-                }
-                const __m256 inv = _mm256_set1_ps(sum);
-                for (t = 0; t + 8 <= len; t += 8) _mm256_storeu_ps(s + t, _mm256_div_ps(_mm256_loadu_ps(s + t), inv));
-                for (; t < len; ++t) s[t] /= sum;
-            }
+            for (int64_t g = 0; g < group; ++g) softmax_(scores.data() + g * len, len);
             for (int64_t i = 0; i < group * d; i += 8) _mm256_storeu_ps(acc.data() + i, _mm256_setzero_ps());
             // each output sums over t in order, as one pass would; 64 of its values stay in registers over a
             // block of values that stays in the L1 cache

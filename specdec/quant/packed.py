@@ -22,6 +22,8 @@ import torch
 
 from specdec.quant import kernel
 from specdec.quant.gguf_blocks import Codes
+from specdec.quant.layers import linear
+from specdec.quant.options import KernelOptions
 
 
 @dataclass
@@ -124,9 +126,8 @@ class QuantLinear:
     def shape(self) -> tuple[int, int]:
         return (self.out_features, self.in_features)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [rows, in] float32 -> [rows, out] float32."""
-        from specdec.runner.attention import linear
+    def __call__(self, x: torch.Tensor, options: KernelOptions = KernelOptions()) -> torch.Tensor:
+        """x: [rows, in] float32 -> [rows, out] float32. `options`: the path of the dense parts (`layers.linear`)."""
         x = x.contiguous()
         out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
         col = 0
@@ -136,7 +137,7 @@ class QuantLinear:
         for p, sub in zip(self.parts, self.subs):
             n = p.rows if isinstance(p, QuantTensor) else p.shape[0]
             if not isinstance(p, QuantTensor):
-                out[:, col:col + n] = linear(x, p)
+                out[:, col:col + n] = linear(x, p, options=options)
             elif use_kernel:
                 kernel.qlinear(x, p.bits, p.group, p.codes, p.scale, p.offset, out[:, col:col + n],
                                p.act_of(self.act), sub, p.super_scale if sub is not None else None)

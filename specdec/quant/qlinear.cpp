@@ -10,8 +10,10 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include <memory>
 #include <type_traits>
 
+#include "kernels.h"
 #include "simd.h"
 
 namespace {
@@ -28,11 +30,18 @@ inline float offset_dot(const float* offset, const float* xs, int64_t groups) {
     return hsum(o) + tail;
 }
 
-// Per-group sums of x, [rows, k / G] (new[]; the caller deletes).
+// A buffer of n values, left uninitialized (std::make_unique would zero it: one more pass over up to
+// rows * k values that the kernels overwrite anyway), freed with its owner.
+template <class T>
+std::unique_ptr<T[]> buffer(int64_t n) {
+    return std::unique_ptr<T[]>(new T[n]);
+}
+
+// Per-group sums of x, [rows, k / G].
 template <int G>
-float* group_sums(const float* x, int64_t rows, int64_t k) {
+std::unique_ptr<float[]> group_sums(const float* x, int64_t rows, int64_t k) {
     const int64_t groups = k / G;
-    float* xsum = new float[rows * groups];
+    std::unique_ptr<float[]> xsum = buffer<float>(rows * groups);
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t g = 0; g < groups; ++g) {
             __m256 a = _mm256_loadu_ps(x + r * k + g * G);
@@ -177,7 +186,8 @@ void run(const float* x, int64_t rows, int64_t k, const void* codes, const float
          int64_t n, float* y, int64_t ldy, int threads) {
     const int64_t groups = k / G;
     // per-group sums of x, always in the same order: the offsets' contribution
-    float* xsum = offset ? group_sums<G>(x, rows, k) : nullptr;
+    const std::unique_ptr<float[]> sums = offset ? group_sums<G>(x, rows, k) : nullptr;
+    const float* xsum = sums.get();
     int64_t done = 0;
     if (rows >= 8) {
         run_sliced<BITS, G, 8>(x, rows, k, codes, scale, offset, xsum, n, y, ldy, threads);
@@ -198,7 +208,6 @@ void run(const float* x, int64_t rows, int64_t k, const void* codes, const float
                                                yr + r * ldy + j, ldy);
         });
     }
-    delete[] xsum;
 }
 
 // ---- int8 activations (precision int4-a8): x quantized per 32 values, integer dot products ----------
@@ -264,18 +273,18 @@ template <int BITS, int G>
 void run_a8(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale, const float* offset,
             int64_t n, float* y, int64_t ldy, int threads) {
     const int64_t blocks = k / 32, groups = k / G;
-    int8_t* xq = new int8_t[rows * k];
-    float* sx = new float[rows * blocks];
-    float* xsum = offset ? group_sums<G>(x, rows, k) : nullptr;
+    const std::unique_ptr<int8_t[]> xq_buf = buffer<int8_t>(rows * k);
+    const std::unique_ptr<float[]> sx_buf = buffer<float>(rows * blocks);
+    const std::unique_ptr<float[]> sums = offset ? group_sums<G>(x, rows, k) : nullptr;
+    int8_t* xq = xq_buf.get();
+    float* sx = sx_buf.get();
+    const float* xsum = sums.get();
     quantize_rows(x, rows, k, 32, false, xq, sx);
     for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
                               const void* c, const float* s, const float* o) {
         tile_a8<BITS, G, decltype(mt)::value>(xq + r * k, sx + r * blocks, k, xsum ? xsum + r * groups : nullptr,
                                               c, s, o, y + r * ldy + j, ldy);
     });
-    delete[] xq;
-    delete[] sx;
-    delete[] xsum;
 }
 
 // ---- K-quant super-blocks with int8 activations (llama.cpp's Q4_K x Q8_K, Q6_K x Q8_K) ----------------
@@ -430,9 +439,12 @@ void run_super(const float* x, int64_t rows, int64_t k, const void* codes, const
     using XQ = std::conditional_t<ACT == 8, int8_t, int16_t>;
     constexpr int G = BITS == 4 ? 32 : 16;
     const int64_t supers = k / 256, groups = k / G;
-    XQ* xq = new XQ[rows * k];
-    float* dx = new float[rows * supers];
-    float* xsum = offset ? group_sums<G>(x, rows, k) : nullptr;
+    const std::unique_ptr<XQ[]> xq_buf = buffer<XQ>(rows * k);
+    const std::unique_ptr<float[]> dx_buf = buffer<float>(rows * supers);
+    const std::unique_ptr<float[]> sums = offset ? group_sums<G>(x, rows, k) : nullptr;
+    XQ* xq = xq_buf.get();
+    float* dx = dx_buf.get();
+    const float* xsum = sums.get();
     if constexpr (ACT == 8) quantize_rows(x, rows, k, 256, BITS == 4, xq, dx);
     else quantize_rows16(x, rows, k, xq, dx);
     for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
@@ -446,9 +458,6 @@ void run_super(const float* x, int64_t rows, int64_t k, const void* codes, const
             tile_a16<BITS, MT>(xq + r * k, dx + r * supers, k, xs, c, sub + j * groups, dsup + j * supers, o,
                                y + r * ldy + j, ldy);
     });
-    delete[] xq;
-    delete[] dx;
-    delete[] xsum;
 }
 
 // run_super for a layout given at run time: Q4_K (bits 4, group 32) or Q6_K (bits 8, group 16); -1 otherwise.

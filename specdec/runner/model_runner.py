@@ -1,7 +1,8 @@
 """ModelRunner: SchedulerOutput -> flat tensors -> one forward -> logits at the requested rows.
 
-Owns the model and its paged KV cache (one (k, v) pair per layer, each [num_blocks * block_size,
-num_kv_heads, head_dim]). Knows nothing about sampling or requests beyond their block tables.
+Owns the model, its paged KV cache (one (k, v) pair per layer, each [num_blocks * block_size,
+num_kv_heads, head_dim]) and its thread count (runner/threads.py: set around each forward, restored
+after). Knows nothing about sampling or requests beyond their block tables.
 """
 from __future__ import annotations
 
@@ -11,15 +12,17 @@ import torch
 
 from specdec.core.outputs import ModelRunnerOutput, SchedulerOutput
 from specdec.models.llama import LlamaModel
-from specdec.runner.attention import AttentionMetadata, SeqAttention, pad_rows
-from specdec.runner.threads import ThreadTuner
+from specdec.quant.layers import pad_rows
+from specdec.runner.batch import build_batch
+from specdec.runner.threads import ThreadTuner, using_threads
 
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device,
                  never_sample_ids: list[int] | None = None, vocab_limit: int | None = None,
                  tuner: ThreadTuner | None = None) -> None:
-        """`tuner`: picks the thread count of each forward by measurement (None: leave torch's)."""
+        """`tuner`: the thread count of each forward, picked by measurement or fixed (`ThreadTuner.fixed`),
+        set around the forward only (None: torch's count, untouched)."""
         cfg = model.cfg
         self.tuner = tuner
         self.model = model
@@ -38,44 +41,24 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """One forward over the scheduled chunks, on this runner's own thread count (restored after)."""
         t0 = time.perf_counter()
         for src, dst in sched.block_copies:
             self._copy_block(src, dst)
-        bs = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seqs: list[SeqAttention] = []
-        logit_rows: list[int] = []
-        cu = [0]
-        for chunk in sched.chunks:
-            n = len(chunk.token_ids)
-            start = chunk.start_position
-            table = torch.tensor(chunk.block_ids, dtype=torch.long)
-            pos = torch.arange(start + n)
-            ctx_slots = table[pos // bs] * bs + pos % bs
-            seqs.append(SeqAttention(len(ids), n, start, ctx_slots.to(self.device)))
-            slots.extend(ctx_slots[start:].tolist())
-            logit_rows.extend(range(len(ids) + n - chunk.num_logits, len(ids) + n))
-            ids.extend(chunk.token_ids)
-            positions.extend(range(start, start + n))
-            cu.append(cu[-1] + chunk.num_logits)
-        num_rows = pad_rows(len(ids), self.model.row_align)
-        pad = num_rows - len(ids)
-        input_ids = torch.tensor(ids + [0] * pad, dtype=torch.long, device=self.device)
-        pos_t = torch.tensor(positions + [0] * pad, dtype=torch.long, device=self.device)
-        meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=self.device), seqs, num_rows)
-        threads = self.tuner.choose(num_rows) if self.tuner else 0
+        batch = build_batch(sched.chunks, self.block_size, self.model.row_align, self.device)
+        num_rows = batch.meta.num_rows
+        threads = self.tuner.choose(num_rows) if self.tuner else None
         best = self.tuner.best(num_rows) if self.tuner else None
-        t1 = time.perf_counter()
-        hidden = self.model.forward(input_ids, pos_t, meta, self.kv_caches)
-        logits = self.compute_logits(hidden, logit_rows)
-        if self.device.type == "cuda":  # kernels run asynchronously: the cost model needs their real time
-            torch.cuda.synchronize(self.device)
-        t2 = time.perf_counter()
+        with using_threads(threads):
+            t1 = time.perf_counter()
+            hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_caches)
+            logits = self.compute_logits(hidden, batch.logit_rows)
+            if self.device.type == "cuda":  # kernels run asynchronously: the cost model needs their real time
+                torch.cuda.synchronize(self.device)
+            t2 = time.perf_counter()
         if self.tuner:
             self.tuner.record(num_rows, threads, t2 - t1)
-        return ModelRunnerOutput(logits=logits, cu_num_logits=cu, forward_seconds=t2 - t0,
+        return ModelRunnerOutput(logits=logits, cu_num_logits=batch.cu_num_logits, forward_seconds=t2 - t0,
                                  exploring=best is not None and threads != best)
 
     def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -13,10 +13,17 @@ decoded its plain steps on one thread at 1.7x the cost). Forwards of several row
 prefill) always take every core: they were faster on all cores in every measured condition, and
 trying one thread on a 600-token prefill would cost seconds. Thread counts never change a result:
 every kernel reduces each output on one thread (tests/test_threads.py checks logits bitwise).
+
+Each runner owns its count: it sets torch's intra-op count around its own forward (`using_threads`)
+and restores the previous one after, so a target and its draft model, each with its own tuner or a
+fixed count (`ModelConfig.num_threads`, a tuner with one candidate), never leave their count to the
+other or to the rest of the process.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -30,14 +37,20 @@ def size_class(rows: int) -> int:
 
 
 class ThreadTuner:
-    def __init__(self, max_threads: int, probe_every: int = PROBE_EVERY, alpha: float = ALPHA) -> None:
-        # 1, 2, 4, ... and max_threads: the candidates
-        self.counts = sorted({1 << i for i in range(max(1, max_threads).bit_length()) if 1 << i <= max_threads}
-                             | {max(1, max_threads)})
+    def __init__(self, max_threads: int, probe_every: int = PROBE_EVERY, alpha: float = ALPHA,
+                 counts: list[int] | None = None) -> None:
+        """`counts`: the candidates (default 1, 2, 4, ... and max_threads)."""
+        self.counts = counts or sorted({1 << i for i in range(max(1, max_threads).bit_length())
+                                        if 1 << i <= max_threads} | {max(1, max_threads)})
         self.probe_every, self.alpha = probe_every, alpha
         self.cost: dict[tuple[int, int], float] = {}  # (size class, threads) -> seconds per row (EMA)
         self.forwards: dict[int, int] = {}            # size class -> forwards so far
         self.warm: set[tuple[int, int]] = set()       # (size class, threads) that ran a forward already
+
+    @classmethod
+    def fixed(cls, num_threads: int) -> ThreadTuner:
+        """Always `num_threads` (a configured count): a tuner with one candidate, never exploring."""
+        return cls(num_threads, counts=[num_threads])
 
     def best(self, rows: int) -> int | None:
         c = size_class(rows)
@@ -45,7 +58,7 @@ class ThreadTuner:
         return min(measured, key=lambda t: self.cost[c, t]) if measured else None
 
     def choose(self, rows: int) -> int:
-        """The thread count for a forward of `rows` rows; sets torch's."""
+        """The thread count for a forward of `rows` rows (the runner applies it: `using_threads`)."""
         c = size_class(rows)
         n = self.forwards.get(c, 0)
         self.forwards[c] = n + 1
@@ -58,8 +71,6 @@ class ThreadTuner:
             threads = self.best(rows)
             if n % self.probe_every == self.probe_every - 1:  # try the next count in turn
                 threads = self.counts[(n // self.probe_every) % len(self.counts)]
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
         return threads
 
     def record(self, rows: int, threads: int, seconds: float) -> None:
@@ -72,9 +83,27 @@ class ThreadTuner:
         self.cost[key] = per_row if old is None else (1 - self.alpha) * old + self.alpha * per_row
 
 
+@contextlib.contextmanager
+def using_threads(num_threads: int | None) -> Iterator[None]:
+    """Torch's intra-op thread count set to `num_threads` inside the block and restored after it
+    (None: left as it is); set only where it differs, so a forward on the current count costs nothing."""
+    before = torch.get_num_threads()
+    if num_threads is not None and num_threads != before:
+        torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 def thread_tuner(model_config) -> ThreadTuner | None:
-    """A tuner for a runner of this ModelConfig: on CPU when no thread count is set, else None."""
-    if model_config.num_threads is not None or not model_config.device.startswith("cpu"):
+    """The thread policy of a runner of this ModelConfig: its fixed `num_threads` where set (on any
+    device, as the count of its CPU work), else on CPU a tuner over every core this process may use,
+    else None (torch's count, untouched)."""
+    if model_config.num_threads is not None:
+        return ThreadTuner.fixed(model_config.num_threads)
+    if not model_config.device.startswith("cpu"):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return ThreadTuner(cores)

@@ -3,8 +3,10 @@
 The engine thread loops `step()` while there is work and sleeps on a condition otherwise. Handlers
 add requests through `add()` (run in a worker thread: it takes the engine lock, which a step holds)
 and receive each request's outputs on an asyncio.Queue. `abort()` never blocks the event loop: it
-queues the id, and the engine thread applies aborts between steps (and polls for them when idle). Engine construction (model loading) happens on the thread too,
-so the server answers /health with 503 until the models are ready.
+queues the id, and the engine thread applies aborts between steps (and polls for them when idle).
+Engine construction (model loading) happens on the thread too, so the server answers /health with
+503 until the models are ready. Readers (metrics, /v1/models) take `stats()`, a snapshot between two
+steps; nothing outside this class touches the engine while it steps.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 
 from specdec.engine import LLMEngine
+from specdec.metrics import EngineStats
 from specdec.request import RequestOutput, SpecOptions
 from specdec.sampling_params import SamplingParams
 
@@ -94,6 +97,30 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._aborts.put(request_id)
 
+    def submit_background(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                          spec: SpecOptions | None = None) -> None:
+        """Queue a low-priority request (admitted only when no other request waits, preempted first)
+        whose outputs go to `on_finished` only, never to a client (shadow A/B copies). Blocks for a
+        step; call it from the engine thread's hooks or a worker thread, never with the lock held.
+        Raises ValueError / QueueFull (and queues nothing) on a bad request."""
+        with self._wake:
+            assert self.engine is not None, "engine not ready"
+            self.engine.add_request(prompt, params, request_id=request_id, speculative=spec, background=True)
+            self._wake.notify()
+
+    def stats(self) -> EngineStats | None:
+        """The engine's stats snapshot, taken between two steps; None while the models load."""
+        if self.engine is None:
+            return None
+        with self.lock:
+            return self.engine.stats()
+
+    async def snapshot(self) -> EngineStats:
+        """stats() without blocking the event loop (the engine must be ready)."""
+        stats = await asyncio.to_thread(self.stats)
+        assert stats is not None, "engine not ready"
+        return stats
+
     async def call(self, fn: Callable[[LLMEngine], object]) -> object:
         """Run fn(engine) between two steps (admin actions); its exceptions propagate."""
         def locked():
@@ -137,13 +164,13 @@ class AsyncEngine:
     def _apply_aborts(self, engine: LLMEngine) -> None:
         while not self._aborts.empty():
             rid = self._aborts.get()
-            if rid in engine.requests:
+            if engine.has_request(rid):
                 engine.abort(rid)
                 if self.on_aborted is not None:
                     self.on_aborted(rid)
 
     def _fail_all(self, engine: LLMEngine, error: Exception) -> None:
-        for rid in list(engine.requests):
+        for rid in engine.request_ids():
             engine.abort(rid)
             self._deliver(rid, RuntimeError("internal error while generating"))
 

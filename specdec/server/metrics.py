@@ -1,22 +1,26 @@
 """Prometheus metrics for the server (prometheus_client, its own registry).
 
 Latency histograms and request counters are observed as requests finish; everything the engine
-already counts (tokens, queue, blocks, preemptions, speculation per proposer) is read from it at
-scrape time by a custom collector, so the engine itself carries no Prometheus code."""
+already counts (tokens, queue, blocks, preemptions, speculation per proposer) is read at scrape time
+from its stats snapshot (`LLMEngine.stats()`, plain dataclasses) by a custom collector, so the
+engine itself carries no Prometheus code and the server reads none of its internals."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from collections.abc import Callable, Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from specdec.metrics import EngineStats, SpeculationStats
 from specdec.request import RequestOutput
-from specdec.server.async_engine import AsyncEngine
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 _TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
 
 
 class ServerMetrics:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, snapshot: Callable[[], EngineStats | None]) -> None:
+        """`snapshot`: the engine's stats between two steps, None while it loads (AsyncEngine.stats)."""
         self.registry = CollectorRegistry()
         self.requests = Counter("specdec_requests", "Requests by final status (stop, length, abort, rejected_4xx)",
                                 ["status"], registry=self.registry)
@@ -28,7 +32,7 @@ class ServerMetrics:
                                    "drafted for them (none: plain decoding)", ["proposer"], registry=self.registry)
         self.e2e = Histogram("specdec_e2e_request_latency_seconds", "Submission to last token",
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.registry.register(_EngineCollector(engine))
+        self.registry.register(_EngineCollector(snapshot))
 
     def finished(self, out: RequestOutput) -> None:
         s = out.stats
@@ -45,88 +49,108 @@ class ServerMetrics:
 
 
 class _EngineCollector:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
+    def __init__(self, snapshot: Callable[[], EngineStats | None]) -> None:
+        self.snapshot = snapshot
 
-    def collect(self):
-        eng = self.engine.engine
-        if eng is None:
+    def collect(self) -> Iterator[Metric]:
+        s = self.snapshot()
+        if s is None:
             return
-        with self.engine.lock:  # a consistent snapshot between two steps
-            c = eng.counters
-            sched = eng.scheduler
-            pools = {"target": eng.kv, **{f"draft:{m}": kv for m, kv in sched.draft_pools.items()}}
-            blocks = {name: (kv.num_blocks - kv.num_free_blocks(), kv.num_free_blocks()) for name, kv in pools.items()}
-            spec = {name: (st.drafted_tokens, st.accepted_tokens, list(st.reached), list(st.accepted_at))
-                    for name, st in c.by_proposer.items()}
-            ctrl = {p.name: (eng.controllers[m].num_fallbacks, eng.controllers[m].num_reprobes,
-                             eng.controllers[m].num_resumes) for m, p in eng.proposers.items()}
-            drafts = [(d.id, d.state) for d in eng.draft_status()]
-            ds = eng.drafts
-            lifecycle = (ds.num_loads, ds.num_unloads, ds.num_load_failures) if ds else (0, 0, 0)
-            router = eng.router.snapshot() if eng.router else {}
-            switches = eng.router.num_switches if eng.router else 0
-            snap = (c.prompt_tokens, c.generated_tokens, c.target_forwards, c.proposer_errors,
-                    len(sched.waiting), len(sched.running), sched.num_preemptions)
-        prompt, generated, forwards, errors, waiting, running, preemptions = snap
-        yield _counter("specdec_prompt_tokens", "Prompt tokens of finished requests", prompt)
-        yield _counter("specdec_generation_tokens", "Generated tokens", generated)
-        yield _counter("specdec_target_forwards", "Target forward passes that produced tokens", forwards)
-        yield _counter("specdec_preemptions", "Requests preempted (recomputed later)", preemptions)
-        yield _counter("specdec_proposer_errors", "Proposer failures (speculation disabled for the requests)", errors)
-        yield _gauge("specdec_num_requests_waiting", "Requests waiting to be scheduled", waiting)
-        yield _gauge("specdec_num_requests_running", "Requests running", running)
-        used = GaugeMetricFamily("specdec_kv_blocks_used", "KV blocks in use", labels=["pool"])
-        free = GaugeMetricFamily("specdec_kv_blocks_free", "KV blocks free (cached prefix blocks count as free)",
-                                 labels=["pool"])
-        for name, (u, f) in blocks.items():
-            used.add_metric([name], u)
-            free.add_metric([name], f)
-        yield used
-        yield free
-        drafted = CounterMetricFamily("specdec_spec_drafted_tokens", "Draft tokens proposed", labels=["proposer"])
-        accepted = CounterMetricFamily("specdec_spec_accepted_tokens", "Draft tokens accepted", labels=["proposer"])
-        rate = GaugeMetricFamily("specdec_spec_acceptance_rate", "Accepted / drafted", labels=["proposer"])
-        mal = GaugeMetricFamily("specdec_spec_mean_accepted_length",
-                                "Tokens per target forward in rounds that drafted", labels=["proposer"])
-        pos = GaugeMetricFamily("specdec_spec_position_acceptance",
-                                "Acceptance at draft position i given position i was reached",
-                                labels=["proposer", "position"])
-        for name, (d, a, reached, acc_at) in spec.items():
-            drafted.add_metric([name], d)
-            accepted.add_metric([name], a)
-            rate.add_metric([name], a / d if d else 0.0)
-            rounds = reached[0] if reached else 0
-            mal.add_metric([name], (a + rounds) / rounds if rounds else 1.0)
-            for i, (r, h) in enumerate(zip(reached, acc_at)):
-                pos.add_metric([name, str(i)], h / r if r else 0.0)
-        fallbacks = CounterMetricFamily("specdec_spec_fallbacks", "Health-check fallbacks to plain decoding",
-                                        labels=["proposer"])
-        reprobes = CounterMetricFamily("specdec_spec_reprobes", "Re-probes with a small k", labels=["proposer"])
-        resumes = CounterMetricFamily("specdec_spec_resumes", "Speculation resumed after a fallback",
-                                      labels=["proposer"])
-        for name, (fb, rp, rs) in ctrl.items():
-            fallbacks.add_metric([name], fb)
-            reprobes.add_metric([name], rp)
-            resumes.add_metric([name], rs)
-        yield from (drafted, accepted, rate, mal, pos, fallbacks, reprobes, resumes)
-        state = GaugeMetricFamily("specdec_draft_state", "1 for each draft's current state", labels=["draft", "state"])
-        for draft, st in drafts:
-            state.add_metric([draft, st], 1)
-        yield state
-        for name, doc, value in zip(("specdec_draft_loads", "specdec_draft_unloads", "specdec_draft_load_failures"),
-                                    ("Drafts loaded at run time", "Drafts unloaded", "Draft loads that failed"),
-                                    lifecycle):
-            yield _counter(name, doc, value)
-        gain = GaugeMetricFamily("specdec_router_gain", "Router: discounted mean decode tokens per unit cost",
-                                 labels=["domain", "proposer"])
-        choices = CounterMetricFamily("specdec_router_choices", "Router: requests routed", labels=["domain", "proposer"])
-        for domain, arms in router.items():
-            for proposer, a in arms.items():
-                gain.add_metric([domain, proposer], a["gain"])
-                choices.add_metric([domain, proposer], a["choices"])
-        yield from (gain, choices, _counter("specdec_router_switches", "Router: mid-request switches after an "
-                                                                       "acceptance collapse", switches))
+        spec = s.speculation
+        yield from _engine_families(s, spec.num_proposer_errors if spec else 0)
+        yield from _pool_families(s)
+        yield from _acceptance_families(s)
+        yield from _health_families(spec)
+        yield from _draft_families(spec)
+        yield from _router_families(spec)
+
+
+def _engine_families(s: EngineStats, proposer_errors: int) -> Iterator[Metric]:
+    c = s.counters
+    yield _counter("specdec_prompt_tokens", "Prompt tokens of finished requests", c.prompt_tokens)
+    yield _counter("specdec_generation_tokens", "Generated tokens", c.generated_tokens)
+    yield _counter("specdec_target_forwards", "Target forward passes that produced tokens", c.target_forwards)
+    yield _counter("specdec_preemptions", "Requests preempted (recomputed later)", s.num_preemptions)
+    yield _counter("specdec_proposer_errors", "Proposer failures (speculation disabled for the requests)",
+                   proposer_errors)
+    yield _gauge("specdec_num_requests_waiting", "Requests waiting to be scheduled", s.num_waiting)
+    yield _gauge("specdec_num_requests_running", "Requests running", s.num_running)
+
+
+def _pool_families(s: EngineStats) -> Iterator[Metric]:
+    """KV blocks per pool: the target's, and each draft's as `draft:<proposer id>`."""
+    pools = {"target": s.target_pool,
+             **{f"draft:{m}": p for m, p in (s.speculation.pools.items() if s.speculation else ())}}
+    used = GaugeMetricFamily("specdec_kv_blocks_used", "KV blocks in use", labels=["pool"])
+    free = GaugeMetricFamily("specdec_kv_blocks_free", "KV blocks free (cached prefix blocks count as free)",
+                             labels=["pool"])
+    for name, pool in pools.items():
+        used.add_metric([name], pool.num_used)
+        free.add_metric([name], pool.num_free)
+    yield used
+    yield free
+
+
+def _acceptance_families(s: EngineStats) -> Iterator[Metric]:
+    """Drafted and accepted tokens per proposer name, and acceptance by draft position."""
+    drafted = CounterMetricFamily("specdec_spec_drafted_tokens", "Draft tokens proposed", labels=["proposer"])
+    accepted = CounterMetricFamily("specdec_spec_accepted_tokens", "Draft tokens accepted", labels=["proposer"])
+    rate = GaugeMetricFamily("specdec_spec_acceptance_rate", "Accepted / drafted", labels=["proposer"])
+    mal = GaugeMetricFamily("specdec_spec_mean_accepted_length",
+                            "Tokens per target forward in rounds that drafted", labels=["proposer"])
+    pos = GaugeMetricFamily("specdec_spec_position_acceptance",
+                            "Acceptance at draft position i given position i was reached",
+                            labels=["proposer", "position"])
+    for name, st in s.counters.by_proposer.items():
+        d, a = st.drafted_tokens, st.accepted_tokens
+        drafted.add_metric([name], d)
+        accepted.add_metric([name], a)
+        rate.add_metric([name], a / d if d else 0.0)
+        rounds = st.reached[0] if st.reached else 0
+        mal.add_metric([name], (a + rounds) / rounds if rounds else 1.0)
+        for i, (r, h) in enumerate(zip(st.reached, st.accepted_at)):
+            pos.add_metric([name, str(i)], h / r if r else 0.0)
+    yield from (drafted, accepted, rate, mal, pos)
+
+
+def _health_families(spec: SpeculationStats | None) -> Iterator[Metric]:
+    """The health check's fallbacks, re-probes and resumes per loaded proposer (by name)."""
+    fallbacks = CounterMetricFamily("specdec_spec_fallbacks", "Health-check fallbacks to plain decoding",
+                                    labels=["proposer"])
+    reprobes = CounterMetricFamily("specdec_spec_reprobes", "Re-probes with a small k", labels=["proposer"])
+    resumes = CounterMetricFamily("specdec_spec_resumes", "Speculation resumed after a fallback",
+                                  labels=["proposer"])
+    for p in spec.proposers if spec else ():
+        fallbacks.add_metric([p.name], p.num_fallbacks)
+        reprobes.add_metric([p.name], p.num_reprobes)
+        resumes.add_metric([p.name], p.num_resumes)
+    yield from (fallbacks, reprobes, resumes)
+
+
+def _draft_families(spec: SpeculationStats | None) -> Iterator[Metric]:
+    state = GaugeMetricFamily("specdec_draft_state", "1 for each draft's current state", labels=["draft", "state"])
+    for d in spec.drafts if spec else ():
+        state.add_metric([d.id, d.state], 1)
+    yield state
+    lifecycle = (spec.num_loads, spec.num_unloads, spec.num_load_failures) if spec else (0, 0, 0)
+    for name, doc, value in zip(("specdec_draft_loads", "specdec_draft_unloads", "specdec_draft_load_failures"),
+                                ("Drafts loaded at run time", "Drafts unloaded", "Draft loads that failed"),
+                                lifecycle):
+        yield _counter(name, doc, value)
+
+
+def _router_families(spec: SpeculationStats | None) -> Iterator[Metric]:
+    router = (spec.router if spec else None) or {}
+    gain = GaugeMetricFamily("specdec_router_gain", "Router: discounted mean decode tokens per unit cost",
+                             labels=["domain", "proposer"])
+    choices = CounterMetricFamily("specdec_router_choices", "Router: requests routed", labels=["domain", "proposer"])
+    for domain, arms in router.items():
+        for proposer, a in arms.items():
+            gain.add_metric([domain, proposer], a["gain"])
+            choices.add_metric([domain, proposer], a["choices"])
+    yield from (gain, choices, _counter("specdec_router_switches", "Router: mid-request switches after an "
+                                                                   "acceptance collapse",
+                                        spec.num_router_switches if spec else 0))
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

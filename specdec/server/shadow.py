@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from specdec.core.scheduler import QueueFull
+from specdec.engine import QueueFull
 from specdec.request import RequestOutput, SpecOptions
 from specdec.sampling_params import SamplingParams
+from specdec.server.async_engine import AsyncEngine
 
 log = logging.getLogger("specdec.server")
 PREFIX = "shadow-"
@@ -34,9 +35,9 @@ class _Pending:
 
 
 class ShadowAB:
-    def __init__(self, engine, fraction: float, registry: CollectorRegistry, similarity: bool = False,
+    def __init__(self, engine: AsyncEngine, fraction: float, registry: CollectorRegistry, similarity: bool = False,
                  seed: int = 0, window: int = 256) -> None:
-        self.engine = engine          # the AsyncEngine
+        self.engine = engine
         self.fraction = fraction
         self._rng = random.Random(seed)
         self._selected: dict[str, _Pending] = {}
@@ -83,9 +84,8 @@ class ShadowAB:
         pending.original = out
         shadow_id = PREFIX + out.request_id
         try:
-            with self.engine.lock:
-                self.engine.engine.add_request(pending.prompt_token_ids, pending.params, request_id=shadow_id,
-                                               speculative=SpecOptions(enabled=False), background=True)
+            self.engine.submit_background(shadow_id, pending.prompt_token_ids, pending.params,
+                                          SpecOptions(enabled=False))
         except (QueueFull, ValueError) as e:
             log.info("shadow copy of %s skipped: %s", out.request_id, e)
             self.requests.labels("skipped").inc()

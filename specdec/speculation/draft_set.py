@@ -1,6 +1,6 @@
 """DraftSet: the proposers an engine may draft with, by id, and their lifecycle.
 
-Ids: "ngram" for prompt lookup (no weights: always loaded) and the model's name for a draft model
+Ids: a model-free kind's id is the kind ("ngram": no weights, always loaded); a draft model's is the model's name
 (its registry name, or the file/folder name of a path). The configured draft is loaded with the
 engine and stays; `extra_drafts`, and drafts added at run time (`POST /admin/drafts`), load on
 first use on a background thread, so no step waits for a load and no request fails because of one:
@@ -16,85 +16,81 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.config import EngineConfig
-from specdec.core.scheduler import Scheduler
-from specdec.models import registry
+from specdec.core.kv_cache_manager import KVCacheManager
+from specdec.models import registry as model_registry
 from specdec.models.loader import LoadedModel
+from specdec.metrics import DraftStatus
 from specdec.request import Request
-from specdec.runner.attention import row_align
+from specdec.quant.layers import row_align
+from specdec.speculation import registry
 from specdec.speculation.controller import SpecController
-from specdec.speculation.proposers.base import Proposer
+from specdec.speculation.proposers.base import BuildContext, Proposer
 from specdec.speculation.router import DraftRouter
 
 log = logging.getLogger("specdec.speculation")
-NGRAM = "ngram"
-_NGRAM_COST_RATIO = 0.01   # a lookup in the token list: next to nothing per draft token
 
 
 def draft_id(model: str) -> str:
     """The id a draft model reference gets (what the loader names it)."""
-    return model if model in registry.REGISTRY else Path(model).expanduser().name
-
-
-@dataclass
-class DraftStatus:
-    id: str
-    model: str | None        # the reference it loads from (None for n-gram lookup)
-    state: str               # "loaded" | "loading" | "unloaded" | "failed"
-    pinned: bool             # loaded with the engine, never unloaded for idleness
-    error: str | None = None
-    idle_seconds: float | None = None
+    return model if model in model_registry.REGISTRY else Path(model).expanduser().name
 
 
 class DraftSet:
-    def __init__(self, config: EngineConfig, target: LoadedModel, max_model_len: int, scheduler: Scheduler,
+    def __init__(self, config: EngineConfig, target: LoadedModel, max_model_len: int,
                  draft_loaded: LoadedModel | None = None, progress: bool = True) -> None:
-        from specdec.speculation.factory import build_draft_proposer, build_ngram_proposer
         spec = config.speculative
         assert spec is not None
         self.config, self.target, self.max_model_len = config, target, max_model_len
-        self.scheduler = scheduler   # its draft_pools follow the loaded drafts
         self.router = DraftRouter(spec.router_exploration) if spec.router else None
         self.proposers: dict[str, Proposer] = {}
         self.controllers: dict[str, SpecController] = {}
+        self.kinds: dict[str, str] = {}         # proposer id -> registry kind, for every known proposer
         self.models: dict[str, str] = {}        # draft id -> model reference, for every known draft
         self.errors: dict[str, str] = {}
-        self.pinned: set[str] = {NGRAM}
+        self.pools: dict[str, KVCacheManager] = {}   # the scheduler reads this dict: kept in place
+        self.pinned: set[str] = set(registry.model_free_kinds())
         self.last_used: dict[str, float] = {}
         self.num_loads = self.num_unloads = self.num_load_failures = 0
         self._loading: dict[str, Future] = {}
         self._executor: ThreadPoolExecutor | None = None
-        self.default_id = NGRAM
-        if spec.method == "draft_model":
-            proposer = build_draft_proposer(config, target, draft_loaded, max_model_len, progress)
+        self.default_id = spec.method
+        if registry.get(spec.method).needs_model:
+            proposer = registry.get(spec.method).build(
+                BuildContext(config, target, max_model_len, draft_loaded, progress))
             self.default_id = proposer.name
             self.models[proposer.name] = spec.draft_model or proposer.name
             self.pinned.add(proposer.name)
-            self._install(proposer.name, proposer)
-        self._install(NGRAM, build_ngram_proposer(spec))
+            self._install(proposer.name, spec.method, proposer)
+        for kind in registry.model_free_kinds():  # no weights: always loaded
+            self._install(kind, kind, registry.get(kind).build(BuildContext(config, target, max_model_len)))
         for model in spec.extra_drafts:
+            self.kinds.setdefault(draft_id(model), registry.model_kinds()[0])
             self.models.setdefault(draft_id(model), model)
         self._sync_pools()
 
     # ---- queries ------------------------------------------------------------------------------
     def resolve(self, method: str) -> str:
-        """A request's `method` ("draft_model", "ngram" or a draft id) -> a known proposer id."""
-        if method == "draft_model":
-            if self.default_id != NGRAM:
-                return self.default_id
-            # no configured draft: a loaded one first, else any known one (it loads on first use)
-            drafts = [i for i in self.proposers if i != NGRAM] or list(self.models)
-            if not drafts:
-                raise ValueError("method 'draft_model' is not loaded: no draft model is configured "
-                                 "(use 'ngram', or load a draft)")
-            return drafts[0]
-        if method == NGRAM or method in self.models:
+        """A request's `method` (a registry kind or a draft id) -> a known proposer id."""
+        if method in self.kinds:
             return method
-        known = ", ".join([NGRAM, *self.models])
+        if method in registry.kinds() and registry.get(method).needs_model:
+            if self.kinds.get(self.default_id) == method:
+                return self.default_id
+            # not the configured kind: a loaded draft of it first, else any known one (it loads on first use)
+            drafts = [i for i in self.proposers if self.kinds[i] == method]
+            drafts += [i for i in self.models if self.kinds[i] == method]
+            if not drafts:
+                raise ValueError(f"method {method!r} is not loaded: no draft model is configured "
+                                 f"(use {', '.join(registry.model_free_kinds())}, or load a draft)")
+            return drafts[0]
+        known = ", ".join(dict.fromkeys([*registry.kinds(), *self.kinds]))
         raise ValueError(f"unknown speculative method or draft {method!r} (known: {known})")
+
+    def kind_of(self, proposer_id: str) -> str:
+        return self.kinds[proposer_id]
 
     def candidates(self) -> list[str]:
         """Proposers a router may pick: loaded ones and known drafts that did not fail to load."""
@@ -118,8 +114,9 @@ class DraftSet:
     def add(self, model: str) -> str:
         """Make a draft model known (by name or path) and start loading it. Returns its id."""
         i = draft_id(model)
-        if i == NGRAM:
-            raise ValueError("'ngram' names prompt lookup, not a draft model")
+        if i in registry.kinds():
+            raise ValueError(f"{i!r} names a proposer kind, not a draft model")
+        self.kinds.setdefault(i, registry.model_kinds()[0])
         self.models.setdefault(i, model)
         self.errors.pop(i, None)
         self.load(i)
@@ -131,19 +128,18 @@ class DraftSet:
             return  # a failed draft is retried only when added again
         if proposer_id not in self.models:
             raise ValueError(f"unknown draft {proposer_id!r}")
-        from specdec.speculation.factory import build_draft_proposer
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-draft-load")
-        config, model = self.config, self.models[proposer_id]
+        config, model, kind = self.config, self.models[proposer_id], self.kinds[proposer_id]
         spec = config.speculative
         assert spec is not None
         lazy = EngineConfig(model=config.model, cache=config.cache, scheduler=config.scheduler,
-                            speculative=type(spec)(method="draft_model", draft_model=model,
+                            speculative=type(spec)(method=kind, draft_model=model,
                                                    num_speculative_tokens=spec.num_speculative_tokens,
                                                    draft_vocab_size=spec.draft_vocab_size))
         log.info("loading draft %s from %s", proposer_id, model)
         self._loading[proposer_id] = self._executor.submit(
-            build_draft_proposer, lazy, self.target, None, self.max_model_len, False)
+            registry.get(kind).build, BuildContext(lazy, self.target, self.max_model_len, progress=False))
 
     def poll(self) -> tuple[list[str], list[str]]:
         """Install finished loads and report failed ones. Returns (ids installed, ids failed)."""
@@ -162,7 +158,7 @@ class DraftSet:
                 continue
             if proposer.name != i:  # the file names itself differently: keep the id it was asked by
                 proposer.name = i
-            self._install(i, proposer)
+            self._install(i, self.kinds[i], proposer)
             self.num_loads += 1
             log.info("draft %s loaded", i)
             installed.append(i)
@@ -179,10 +175,7 @@ class DraftSet:
 
     def remove(self, proposer_id: str) -> None:
         """Drop a loaded draft (the engine has already moved its requests elsewhere)."""
-        if proposer_id == NGRAM:
-            raise ValueError("n-gram lookup has no weights to unload")
-        if proposer_id not in self.proposers:
-            raise ValueError(f"draft {proposer_id!r} is not loaded")
+        self._check_unloadable(proposer_id, proposer_id)
         del self.proposers[proposer_id]
         del self.controllers[proposer_id]
         self.pinned.discard(proposer_id)
@@ -197,14 +190,23 @@ class DraftSet:
             except Exception:  # noqa: BLE001 - recorded by poll()
                 pass
 
-    def _install(self, proposer_id: str, proposer: Proposer) -> None:
-        ratio = _NGRAM_COST_RATIO if proposer.method == NGRAM else None
+    def _install(self, proposer_id: str, kind: str, proposer: Proposer) -> None:
+        entry = registry.get(kind)
+        self.kinds[proposer_id] = kind
         self.proposers[proposer_id] = proposer
         align = row_align(self.config.model.precision, self.config.model.device)
-        runner = getattr(proposer, "runner", None)  # a draft model's own forward (maybe another precision)
-        self.controllers[proposer_id] = SpecController(self.config.speculative, draft_cost_ratio=ratio, row_align=align,
-                                                       draft_row_align=runner.model.row_align if runner else None)
+        # a draft model's own forward (maybe in another precision) pads its rows its own way
+        draft_align = proposer.row_align if entry.has_kv_pool else None
+        self.controllers[proposer_id] = SpecController(self.config.speculative, draft_cost_ratio=entry.cost_hint,
+                                                       row_align=align, draft_row_align=draft_align)
         self.last_used[proposer_id] = time.monotonic()
+
+    def _check_unloadable(self, proposer_id: str, reference: str) -> None:
+        entry = registry.get(self.kinds.get(proposer_id, registry.model_kinds()[0]))
+        if not entry.needs_model:
+            raise ValueError(f"{proposer_id!r} is {entry.description}: it has no weights to unload")
+        if proposer_id not in self.proposers:
+            raise ValueError(f"draft {reference!r} is not loaded")
 
     # ---- requests across drafts (engine thread) -------------------------------------------------
     def update(self, requests: list[Request]) -> None:
@@ -221,10 +223,7 @@ class DraftSet:
     def unload(self, model: str, requests: list[Request]) -> str:
         """Unload a loaded draft now; its requests move elsewhere and keep going. Returns its id."""
         proposer_id = model if model in self.proposers else draft_id(model)
-        if proposer_id == NGRAM:
-            raise ValueError("n-gram lookup has no weights to unload")
-        if proposer_id not in self.proposers:
-            raise ValueError(f"draft {model!r} is not loaded")
+        self._check_unloadable(proposer_id, model)
         for req in requests:
             if req.spec_method == proposer_id:
                 self.move(req, "its draft is being unloaded", allow_plain=True)
@@ -261,4 +260,5 @@ class DraftSet:
             self.router.observe(req.spec_domain, req.spec_method, tokens, cost)
 
     def _sync_pools(self) -> None:
-        self.scheduler.draft_pools = {i: p.kv for i, p in self.proposers.items() if hasattr(p, "kv")}
+        self.pools.clear()
+        self.pools.update({i: p.kv for i, p in self.proposers.items() if registry.get(self.kinds[i]).has_kv_pool})

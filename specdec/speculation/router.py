@@ -15,6 +15,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from specdec.speculation import registry
+
 DOMAINS = ("code_edit", "code_gen", "chat", "prose", "zh")
 _DISCOUNT = 0.95  # weight an old observation keeps per new one in the same domain
 
@@ -47,11 +49,6 @@ def guess_domain(text: str) -> str:
                                                text, re.IGNORECASE):
         return "chat"
     return "prose"
-
-
-# the order to try proposers in before anything is measured: prompt lookup pays where the output
-# copies the prompt, a draft model elsewhere
-_PRIOR_FIRST = {"code_edit": "ngram"}
 
 
 @dataclass
@@ -124,8 +121,10 @@ class DraftRouter:
 
     @staticmethod
     def _prior_order(domain: str, candidates: list[str]) -> list[str]:
-        first = _PRIOR_FIRST.get(domain)
-        # n-gram first where prompt lookup pays; elsewhere the draft models first, in config order
-        if first is not None and first in candidates:
-            return [first] + [c for c in candidates if c != first]
-        return [c for c in candidates if c != "ngram"] + [c for c in candidates if c == "ngram"]
+        """The order to try proposers in before anything is measured: a kind that prefers the domain
+        first (prompt lookup where the output copies the prompt), then draft models in config
+        order, then the other model-free kinds. A candidate that is not a kind is a draft model."""
+        free = registry.model_free_kinds()
+        preferred = [c for c in candidates if c in free and domain in registry.get(c).preferred_domains]
+        models = [c for c in candidates if c not in free]
+        return preferred + models + [c for c in candidates if c in free and c not in preferred]

@@ -2,16 +2,23 @@
 
 A proposer sees requests (their committed tokens and sampling params) and returns drafts with the
 probabilities it drew them from (None for one-hot proposers such as n-gram lookup: rejection
-sampling stays exact for any draft distribution). After verification it is told how many drafts
-were accepted, so a proposer with state (a draft model's KV cache) can roll back the rest.
+sampling stays exact for any draft distribution), together with what the call cost. After
+verification it is told how many drafts were accepted, so a proposer with state (a draft model's
+KV cache) can roll back the rest.
+
+A kind whose registry entry says `has_kv_pool` also exposes `kv` (its KVCacheManager: the
+scheduler admits a request only where both pools have room) and `row_align` (the rows its
+forwards pad to, for the cost model).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
+from specdec.config import EngineConfig
+from specdec.models.loader import LoadedModel
 from specdec.request import Request
 
 
@@ -21,15 +28,32 @@ class DraftProposal:
     probs: torch.Tensor | None = None    # [k', vocab] processed draft distribution; None: one-hot
 
 
-class Proposer(Protocol):
-    method: str   # "draft_model" | "ngram"
-    name: str     # e.g. the draft model's name, or "ngram[1-4]"
-    draft_seconds: float                      # wall time of the last propose()
-    # (rows, seconds) of each forward in the last propose(); seconds None where the forward ran on a
-    # thread count being tried (runner/threads.py), which is no measure of the draft's usual cost
-    forward_costs: list[tuple[int, float | None]]
+@dataclass
+class Drafts:
+    """What one propose() call returns: a proposal per request and what it cost."""
+    proposals: list[DraftProposal]
+    seconds: float = 0.0                 # wall time of the call
+    # (rows, seconds) of each model forward; seconds None where the forward ran on a thread count
+    # being tried (runner/threads.py), which is no measure of the draft's usual cost. Empty for a
+    # model-free proposer.
+    forward_costs: list[tuple[int, float | None]] = field(default_factory=list)
 
-    def propose(self, requests: list[Request], num_tokens: list[int]) -> list[DraftProposal]:
+
+@dataclass
+class BuildContext:
+    """What a registry builder gets to make a proposer."""
+    config: EngineConfig          # config.speculative names the model to load, for kinds that need one
+    target: LoadedModel
+    max_model_len: int
+    draft_loaded: LoadedModel | None = None   # an already loaded draft model to reuse
+    progress: bool = True
+
+
+class Proposer(Protocol):
+    kind: str     # its registry kind, e.g. "draft_model" | "ngram"
+    name: str     # e.g. the draft model's name, or "ngram[1-4]"
+
+    def propose(self, requests: list[Request], num_tokens: list[int]) -> Drafts:
         """Drafts for each request, at most num_tokens[i] for requests[i]. Must not raise for one
         request's trouble if it can leave that request without drafts instead."""
         ...
@@ -39,7 +63,8 @@ class Proposer(Protocol):
         ...
 
     def on_verified(self, request: Request, num_drafted: int, num_accepted: int) -> None:
-        """The target kept num_accepted of num_drafted drafts (request.output_token_ids is updated)."""
+        """The target kept num_accepted of the num_drafted drafts this proposer made for the step
+        (request.output_token_ids is updated)."""
         ...
 
     def free(self, request_id: str) -> None:

@@ -11,6 +11,7 @@ repeated request) costs the draft no prefill.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -18,13 +19,46 @@ import torch
 from specdec.core.kv_cache_manager import KVCacheManager
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.models.llama import LlamaModel
-from specdec.models.loader import LoadedModel
+from specdec.models.registry import default_draft
+from specdec.models.loader import LoadedModel, load_model
 from specdec.request import Request
 from specdec.runner.model_runner import ModelRunner
-from specdec.runner.threads import ThreadTuner
+from specdec.runner.threads import ThreadTuner, thread_tuner
 from specdec.sample.logits_processors import process_logits
 from specdec.sample.sampler import make_generator
-from specdec.speculation.proposers.base import DraftProposal
+from specdec.speculation.proposers.base import BuildContext, DraftProposal, Drafts
+from specdec.speculation.proposers.self_draft import format_skip, is_self_draft, parse_skip, resolve_auto
+
+
+def build(ctx: BuildContext) -> DraftModelProposer:
+    """The draft model named by ctx.config.speculative.draft_model (else the target's default
+    draft), or the target itself with layers skipped for a `self:...` reference."""
+    config, target, spec = ctx.config, ctx.target, ctx.config.speculative
+    assert spec is not None
+    name = spec.draft_model or default_draft(target.name)
+    if name is None and ctx.draft_loaded is None:
+        raise ValueError(f"no draft model given and {target.name!r} has no default draft; "
+                         "pass draft_model=... or use method='ngram'")
+    skip = None
+    if is_self_draft(name):  # self-speculation: the target's own weights, some layers skipped
+        if spec.draft_precision not in (None, config.model.precision):
+            raise ValueError("self-speculation runs the target's own weights: draft_precision must be the "
+                             f"target's ({config.model.precision}) or unset")
+        skip = parse_skip(name, target.config.num_layers)
+        if skip is None:
+            skip = resolve_auto(target, ctx.progress)
+        name, draft = format_skip(skip), target
+    else:
+        precision = spec.draft_precision or config.model.precision
+        draft = ctx.draft_loaded or load_model(name, precision, config.model.device, ctx.progress)
+    if ctx.progress:
+        print(f"draft model {draft.name} loaded in {draft.load_seconds:.1f}s", file=sys.stderr)
+    shared = check_same_vocabulary(target.tokenizer.token_strings, draft.tokenizer.token_strings,
+                                   target.name, draft.name)
+    return DraftModelProposer(draft, config.cache.draft_cache_blocks, config.cache.block_size,
+                              torch.device(config.model.device), shared, ctx.max_model_len, spec.draft_vocab_size,
+                              skip_layers=skip, name=name if skip is not None else None,
+                              tuner=thread_tuner(config.model), prefix_caching=config.cache.enable_prefix_caching)
 
 
 def check_same_vocabulary(target_tokens: list[str], draft_tokens: list[str], target_name: str,
@@ -39,7 +73,7 @@ def check_same_vocabulary(target_tokens: list[str], draft_tokens: list[str], tar
 
 
 class DraftModelProposer:
-    method = "draft_model"
+    kind = "draft_model"
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: torch.device,
                  vocab_size: int, max_model_len: int, draft_vocab_size: int | None = None,
@@ -60,12 +94,14 @@ class DraftModelProposer:
         self.runner = ModelRunner(model, num_blocks, block_size, device, loaded.tokenizer.never_sample_ids,
                                   vocab_limit=vocab_size, tuner=tuner)
         self._generators: dict[str, torch.Generator] = {}
-        self.draft_seconds = 0.0  # of the last propose() call
-        self.forward_costs: list[tuple[int, float | None]] = []  # (rows, seconds) of its forwards
 
-    def propose(self, requests: list[Request], num_tokens: list[int]) -> list[DraftProposal]:
+    @property
+    def row_align(self) -> int:
+        return self.runner.model.row_align
+
+    def propose(self, requests: list[Request], num_tokens: list[int]) -> Drafts:
         t0 = time.perf_counter()
-        self.forward_costs = []
+        forward_costs: list[tuple[int, float | None]] = []
         active: list[tuple[int, Request, int]] = []
         for i, (req, k) in enumerate(zip(requests, num_tokens)):
             k = min(k, self.max_model_len - req.num_tokens)
@@ -91,7 +127,7 @@ class DraftModelProposer:
                 chunks.append(ScheduledChunk(rid, tokens, seen, list(self.kv.block_tables[rid]), 1))
             rows = sum(len(c.token_ids) for c in chunks)
             out = self.runner.execute(SchedulerOutput(chunks, rows, self.kv.take_pending_copies()))
-            self.forward_costs.append((rows, None if out.exploring else out.forward_seconds))
+            forward_costs.append((rows, None if out.exploring else out.forward_seconds))
             for row, (i, req, _) in enumerate(active):
                 token, q = self._sample(req, out.logits[row, : self.vocab_size], drafts[i])
                 drafts[i].append(token)
@@ -100,11 +136,10 @@ class DraftModelProposer:
             step += 1
             # the last draft is never fed: its K/V would be computed by the next catch-up anyway
             active = [(i, req, k) for i, req, k in active if k > step]
-        self.draft_seconds = time.perf_counter() - t0
         result = [DraftProposal([]) for _ in requests]
         for i in drafts:
             result[i] = DraftProposal(drafts[i], torch.stack(probs[i]) if probs[i] else None)
-        return result
+        return Drafts(result, time.perf_counter() - t0, forward_costs)
 
     def _sample(self, req: Request, logits: torch.Tensor, drafts: list[int]) -> tuple[int, torch.Tensor | None]:
         p = req.params

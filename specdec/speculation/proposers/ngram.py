@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from specdec.request import Request
-from specdec.speculation.proposers.base import DraftProposal
+from specdec.speculation.proposers.base import BuildContext, DraftProposal, Drafts
 
 
 def ngram_lookup(tokens: list[int], k: int, n_max: int, n_min: int) -> list[int]:
@@ -24,21 +24,24 @@ def ngram_lookup(tokens: list[int], k: int, n_max: int, n_min: int) -> list[int]
     return []
 
 
+def build(ctx: BuildContext) -> NgramProposer:
+    spec = ctx.config.speculative
+    assert spec is not None
+    return NgramProposer(spec.ngram_max, spec.ngram_min)
+
+
 class NgramProposer:
-    method = "ngram"
+    kind = "ngram"
 
     def __init__(self, n_max: int = 4, n_min: int = 1) -> None:
         self.n_max, self.n_min = n_max, n_min
         self.name = f"ngram[{n_min}-{n_max}]"
-        self.draft_seconds = 0.0
-        self.forward_costs: list[tuple[int, float]] = []  # no model: drafting is (nearly) free
 
-    def propose(self, requests: list[Request], num_tokens: list[int]) -> list[DraftProposal]:
+    def propose(self, requests: list[Request], num_tokens: list[int]) -> Drafts:
         t0 = time.perf_counter()
         out = [DraftProposal(ngram_lookup(r.all_token_ids, k, self.n_max, self.n_min) if k else [])
                for r, k in zip(requests, num_tokens)]
-        self.draft_seconds = time.perf_counter() - t0
-        return out
+        return Drafts(out, time.perf_counter() - t0)  # no model: no forwards to report
 
     def catch_up_tokens(self, request: Request) -> int:
         return 0

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from specdec.config import specdec_home
-from specdec.speculation.controller import predicted_speedup
+from specdec.speculation.costs import predicted_speedup
 
 PREFIX = "self"
 _KEEP_EDGE = 2  # layers always kept at each end
@@ -92,7 +92,8 @@ def calibration_tokens(tokenizer, n: int = _CALIBRATION_TOKENS) -> list[int]:
 @torch.inference_mode()
 def _top1(loaded, skip: frozenset[int], ids: list[int]) -> torch.Tensor:
     from specdec.models.llama import LlamaModel
-    from specdec.runner.attention import AttentionMetadata, SeqAttention, pad_rows
+    from specdec.quant.attention import AttentionMetadata, SeqAttention
+    from specdec.quant.layers import pad_rows
     cfg, dev = loaded.config, loaded.weights["norm"].device
     model = LlamaModel(cfg, loaded.weights, len(ids) + 8, dev, skip)
     n = pad_rows(len(ids), model.row_align)
@@ -129,7 +130,7 @@ def choose_skip_layers(loaded, k: int = 3, progress: bool = True) -> dict:
 
 def resolve_auto(loaded, progress: bool = True) -> frozenset[int]:
     """The measured best span for this model file and precision (measured once, then cached)."""
-    from specdec.models.weight_cache import atomic_write_text
+    from specdec.fileio import atomic_write_text
     key = f"{loaded.sha256 or loaded.name}-{loaded.precision}"
     path = specdec_home() / "self-draft" / f"{key}.json"
     if path.exists():

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from specdec.config import specdec_home
-from specdec.models.weight_cache import atomic_write_text
+from specdec.fileio import atomic_write_text
 
 _CORPUS_BYTES = 8 << 20  # enough standard library for stable counts, seconds to tokenize
 _VERSION = 2  # of the selection rule: part of the cache key

@@ -3,7 +3,8 @@
 The load average counts the benchmark's own threads, so it flags every run of a busy benchmark.
 Busy CPU time from /proc/stat minus this process's own CPU time (and that of helper processes the
 benchmark drives, such as a peer's worker) isolates the competition; on a 2-core machine half a core
-taken by someone else already distorts the timings.
+taken by someone else already distorts the timings. Used by the benchmarks and the quality tools
+alike; imports nothing from specdec.
 """
 from __future__ import annotations
 

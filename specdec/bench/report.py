@@ -1,0 +1,416 @@
+"""Render the documentation's results tables from `docs/results/*.json`.
+
+`python -m specdec.bench.report` (or `make docs`) rewrites, in place, every block between
+
+    <!-- generated:VIEW:STEM -->   ...   <!-- end generated -->
+
+in README.md, docs/performance.md and docs/results/README.md: VIEW says how to draw the table
+(`spec`, `spec-wide`, `precision`, `serve`, `steps`, `row-invariance`; `history` and `index` take
+no STEM), STEM names the results file (`docs/results/STEM.json`). Each table opens with a caption
+giving the run's date and machine (from SOURCES below) and the command that reproduces the run,
+rebuilt from the configuration its JSON records. Files are written atomically (a temporary file in
+the same folder, then os.replace) and only when their text changes, so a second run changes nothing.
+`--check` writes nothing and exits 1 when any file is out of date.
+
+Standard library only (no specdec imports), so it runs anywhere and creates no import cycles.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ("README.md", "docs/performance.md", "docs/results/README.md", "docs/architecture.md")
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # `specdec bench --model`'s default
+START, END = "<!-- generated:", "<!-- end generated -->"
+
+# machine key -> (short name, description)
+MACHINES = {
+    "zen4": ("Zen 4", "Zen 4 VM (AMD EPYC family 25, 2 vCPU, AVX-512)"),
+    "zen1": ("Zen 1", "Zen 1 VM (AMD EPYC family 23, 2 vCPU, AVX2 only)"),
+    "h200": ("H200", "NVIDIA H200 GPU (torch 2.11, CUDA 13)"),
+}
+# Per results file, in the order the runs were made: (date, machine, what it shows). The command
+# that reproduces a run is rebuilt from the configuration its JSON records (`command`).
+SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-spec-float32": ("2026-11-29", "zen1", "float32 target: the arms on the five prompt sets"),
+    "bench-serve-float32": ("2026-11-29", "zen1", "Poisson arrivals through the server's engine, plain and draft"),
+    "bench-spec-bfloat16": ("2026-11-29", "zen1", "bfloat16 target: verification is dear, the cost model stays plain"),
+    "bench-precision": ("2026-11-30", "zen1", "precision modes against the float32 oracle"),
+    "bench-spec-int4-peers": ("2026-11-30", "zen1", "int4 target and draft beside llama.cpp, first cost model"),
+    "bench-spec-int4-cost-model": ("2026-11-30", "zen1", "int4, cost tables on medians and whole-step calibration"),
+    "bench-spec-int4-layer-kernels": ("2026-11-30", "zen1", "int4, the C++ layer kernels (norm, RoPE, attention)"),
+    "bench-spec-int4-thread-tuner": ("2026-11-30", "zen1", "int4, thread-tuner warm-up, wall-time check"),
+    "bench-steps-h200": ("2026-11-30", "h200", "forward cost by new rows, random weights of the real shapes"),
+    "cuda-linear-row-invariance-h200": ("2026-11-30", "h200", "row counts at which F.linear changes a row's bits, "
+                                        "against 64-row blocks (a one-off measurement, no CLI command)"),
+    "bench-spec-int4-fused-zen4": ("2026-11-30", "zen4", "int4 with the fused C++ layer loop"),
+    "bench-spec-int4-a8-draft-zen4": ("2026-11-30", "zen4", "int4 target, int4-a8 draft, fixed-k arm added"),
+    "bench-spec-int4-sliced-zen4": ("2026-11-30", "zen4", "int4: row-block prefill, k-sliced tiles, faster attention"),
+    "bench-ngram-code-edit-48-zen4": ("2026-11-30", "zen4", "prompt lookup on code edits, int4"),
+    "bench-plain-llamacpp-zen4": ("2026-11-30", "zen4", "plain int4 decoding beside llama.cpp"),
+    "bench-precision-a16-zen4": ("2026-11-30", "zen4", "precision modes against the float32 oracle"),
+    "bench-spec-a16-before-controller-zen4": ("2026-11-30", "zen4", "int4-a16, before per-domain acceptance priors"),
+    "bench-spec-a16-zen4": ("2026-11-30", "zen4", "the default mode (int4-a16, int4-a8 draft) beside llama.cpp"),
+    "bench-ngram-code-edit-48-a16-zen4": ("2026-11-30", "zen4", "prompt lookup on code edits, int4-a16"),
+    "bench-ngram-code-edit-256-zen4": ("2026-11-30", "zen4", "prompt lookup on code edits, 256-token answers, int4"),
+    "bench-draft-code-gen-192-zen4": ("2026-11-30", "zen4", "the draft model on 192-token answers, int4"),
+    "bench-draft-code-gen-192-a16-zen4": ("2026-12-01", "zen4", "the draft model on 192-token answers, int4-a16, "
+                                          "with a sub-vocabulary arm"),
+}
+ARM_LABELS = {
+    "plain": "plain", "draft_fixed": "draft, fixed k", "draft_cost_model": "draft, cost model",
+    "ngram": "n-gram, cost model", "ngram_fixed": "n-gram, fixed k",
+    "draft_subvocab_fixed": "draft (32k sub-vocabulary), fixed k",
+    "draft_subvocab_cost_model": "draft (32k sub-vocabulary), cost model",
+}
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+
+def num(x: float | None, digits: int = 2) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def ratio(spread: dict | None) -> str:
+    """A ratio's median with its min–max, e.g. `1.03× [0.98–1.05]`."""
+    if not spread:
+        return "—"
+    return f"{spread['median']:.2f}× [{spread['min']:.2f}–{spread['max']:.2f}]"
+
+
+def table(header: list[str], rows: list[list[str]], right_from: int = 1) -> str:
+    align = ["---" if i < right_from else "---:" for i in range(len(header))]
+    lines = [header, align, *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
+
+def label(arm: str, k: int | None) -> str:
+    text = ARM_LABELS.get(arm, arm)
+    return text.replace("fixed k", f"fixed k = {k}") if k is not None else text
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+def load(root: Path, stem: str) -> dict:
+    path = root / "docs" / "results" / f"{stem}.json"
+    if not path.exists():
+        raise SystemExit(f"error: {path} not found (named by a generated block)")
+    return json.loads(path.read_text())
+
+
+def source_link(root: Path, doc: Path, stem: str) -> str:
+    target = root / "docs" / "results" / f"{stem}.json"
+    return f"[{stem}.json]({os.path.relpath(target, doc.parent)})"
+
+
+def config_note(data: dict) -> str:
+    """What the JSON records about the run's conditions (its configuration is in the command)."""
+    parts = []
+    if "runs" in data:
+        parts.append(f"{data.get('noisy_runs', 0)} of {len(data['runs'])} runs noisy")
+    if data.get("bandwidth_gb_s"):
+        parts.append(f"read bandwidth {data['bandwidth_gb_s']:.1f} GB/s, "
+                     f"ceiling {data['ceiling_tokens_per_second']:.1f} tokens/s")
+    return "; ".join(parts)
+
+
+def caption(root: Path, doc: Path, stem: str, data: dict) -> str:
+    date, machine, _ = SOURCES.get(stem, ("undated", "", ""))
+    note = config_note(data)
+    return (f"*{date}, {MACHINES.get(machine, ('', 'unknown machine'))[1]}; {source_link(root, doc, stem)}"
+            f"{'; ' + note if note else ''}.*  \n*Command:* `{command(data)}`")
+
+
+# ---- the command that reproduces a run, from what its JSON records --------------------------------
+
+def spec_command(data: dict) -> str:
+    peers, summary = list(data.get("peers") or {}), data["summary"]
+    arms = [a for a in next(iter(summary.values())) if a not in peers]
+    parts = ["specdec bench"] + ([] if data["model"] == DEFAULT_MODEL else [f"--model {data['model']}"])
+    parts.append(f"--precision {data['precision']}")
+    if data.get("draft_precision") not in (None, data["precision"]):
+        parts.append(f"--draft-precision {data['draft_precision']}")
+    parts += [f"--sets {','.join(summary)}", f"--num-prompts {data['num_prompts_per_set']}",
+              f"--repeats {data['repeats']}", f"--max-tokens {data['max_tokens']}", f"--arms {','.join(arms)}",
+              f"-k {data['k']}"] + ([f"--peers {','.join(peers)}"] if peers else [])
+    return " ".join(parts)
+
+
+def precision_command(data: dict) -> str:
+    sets = data["sets"].split(",")
+    modes = [m for m in data["summary"] if m != "float32"]
+    return (f"specdec bench precision --max-tokens {data['max_tokens']} "
+            f"--num-prompts {len(data['prompts']) // len(sets)} --precisions {','.join(modes)} --sets {data['sets']}")
+
+
+def serve_command(data: dict) -> str:
+    return (f"specdec bench serve --precision {data['precision']} --arms {','.join(data['results'])} "
+            f"--rates {','.join(map(str, data['rates']))} --num-requests {data['num_requests_per_rate']} "
+            f"--max-tokens {data['max_tokens']} -k {data['k']} --max-batch-size {data['max_batch_size']} "
+            f"--policy {data['policy']}")
+
+
+def steps_command(data: dict) -> str:
+    rows = sorted({r["rows"] for r in data["results"]})
+    dtypes = list(dict.fromkeys(r["precision"] for r in data["results"]))
+    return (f"specdec bench steps --device {data['device']} --context {data['context']} "
+            f"--rows {','.join(map(str, rows))} --precisions {','.join(dtypes)}")
+
+
+def command(data: dict) -> str:
+    """The command line that reproduces the run, rebuilt from the configuration its JSON records."""
+    if "runs" in data and "summary" in data:
+        return spec_command(data)
+    if "prompts" in data and "summary" in data:
+        return precision_command(data)
+    if "rates" in data:
+        return serve_command(data)
+    if isinstance(data.get("results"), list):
+        return steps_command(data)
+    return "(no CLI command)"
+
+
+# ---- views --------------------------------------------------------------------------------------
+
+def spec_rows(data: dict) -> list[list[str]]:
+    peers, k = set(data.get("peers") or {}), data.get("k")
+    rows = []
+    for s, arms in data["summary"].items():
+        for arm, e in arms.items():
+            own = arm not in peers
+            same = e.get("identical_to_plain")
+            rows.append([s, label(arm, k) + ("" if own else " (peer)"), num(e["tokens_per_second"]["median"]),
+                         "—" if arm == "plain" else ratio(e.get("speedup")),
+                         num((e.get("decode_tokens_per_second") or {}).get("median")),
+                         "—" if arm == "plain" else ratio(e.get("decode_speedup")),
+                         num(e.get("acceptance_rate")), num(e.get("mean_accepted_length")),
+                         ("yes" if same else "no") if own and same is not None else "—"])
+    return rows
+
+
+def view_spec(data: dict) -> str:
+    """Every set and arm: tokens/s (whole request, decode only) and ratios to plain with min–max."""
+    header = ["set", "arm", "tok/s", "vs plain [min–max]", "decode tok/s", "decode vs plain [min–max]",
+              "acceptance", "tokens / forward", "output == plain"]
+    return table(header, spec_rows(data), right_from=2)
+
+
+def wide_cell(e: dict, arm: str, own: bool) -> str:
+    decode = e.get("decode_tokens_per_second")
+    if arm == "plain" or not own:
+        rate = num(e["tokens_per_second"]["median"])
+        return rate + (f" ({num(decode['median'])})" if decode else "")
+    cell = f"{e['speedup']['median']:.2f}×"
+    return cell + (f" ({e['decode_speedup']['median']:.2f}×)" if e.get("decode_speedup") else "")
+
+
+def view_spec_wide(data: dict) -> str:
+    """One row per set: plain tokens/s, each arm's ratio to plain, each peer's tokens/s and the ratio
+    of our plain decoding to it; decode-only figures in brackets."""
+    peers, k = list(data.get("peers") or {}), data.get("k")
+    arms = list(next(iter(data["summary"].values())))
+    header = ["set"] + [label(a, k) + (" tok/s" if a == "plain" or a in peers else "") for a in arms]
+    header += [f"plain / {p}" for p in peers]
+    rows = []
+    for s, entries in data["summary"].items():
+        row = [s] + [wide_cell(entries[a], a, a not in peers) for a in arms]
+        for p in peers:
+            ours, theirs = entries["plain"], entries[p]
+            dec = (ours.get("decode_tokens_per_second") or {}).get("median")
+            peer_dec = (theirs.get("decode_tokens_per_second") or {}).get("median")
+            whole = ours["tokens_per_second"]["median"] / theirs["tokens_per_second"]["median"]
+            row.append(f"{whole:.2f}" + (f" ({dec / peer_dec:.2f})" if dec and peer_dec else ""))
+        rows.append(row)
+    return table(header, rows)
+
+
+def view_precision(data: dict) -> str:
+    """Each mode against float32: decode speed, greedy agreement, logit error, top-1 agreement."""
+    header = ["mode", "decode tok/s [min–max]", "vs float32", "greedy == float32", "max / mean logit error",
+              "top-1 agreement"]
+    prompts, rows = data["prompts"], []
+    for mode, s in data["summary"].items():
+        speed = f"{s['tok_s_median']:.2f} [{s['tok_s_min']:.2f}–{s['tok_s_max']:.2f}]"
+        if mode == "float32":
+            rows.append([mode, speed, "1.00×", "—", "—", "—"])
+            continue
+        runs = [p["modes"][mode] for p in prompts if mode in p["modes"]]
+        diffs = sorted({r["first_diff"] for r in runs if not r["matches"] and r["first_diff"] is not None})
+        agree = f"{sum(r['matches'] for r in runs)} of {len(runs)} prompts"
+        if diffs:
+            agree += f" (first differences at {', '.join(map(str, diffs))})"
+        rows.append([mode, speed, f"{s['speedup_vs_float32']:.2f}×", agree,
+                     f"{s['max_logit_err']:.2g} / {s['mean_logit_err']:.2g}", f"{s['top1_agree']:.3f}"])
+    return table(header, rows)
+
+
+def view_serve(data: dict) -> str:
+    """Each arrival rate and arm: throughput, latency percentiles, acceptance."""
+    header = ["rate (req/s)", "arm", "tok/s", "TTFT p50 / p99 (s)", "TPOT p50 (s)", "e2e p50 / p99 (s)",
+              "acceptance"]
+    rows = []
+    for rate in (str(r) for r in data["rates"]):
+        for arm, by_rate in data["results"].items():
+            r = by_rate[rate]
+            rows.append([rate, arm, num(r["throughput_tokens_per_second"]),
+                         f"{r['ttft_p50']:.1f} / {r['ttft_p99']:.1f}", num(r["tpot_p50"]),
+                         f"{r['e2e_p50']:.1f} / {r['e2e_p99']:.1f}", num(r.get("acceptance_rate"))])
+    return table(header, rows, right_from=2)
+
+
+def view_steps(data: dict) -> str:
+    """ms per forward (median) by new rows, per model and dtype; the draft's cost ratio c."""
+    counts = sorted({r["rows"] for r in data["results"]})
+    cells: dict[tuple[str, str], dict[int, float]] = {}
+    for r in data["results"]:
+        cells.setdefault((r["model"], r["precision"]), {})[r["rows"]] = r["ms"]
+    rows = [[f"{m}, {p}"] + [num(by.get(n), 1) for n in counts] for (m, p), by in cells.items()]
+    text = table(["model, dtype"] + [f"{n} row{'s' if n > 1 else ''}" for n in counts], rows)
+    ratios = ", ".join(f"{p} {v['c']:.2f}" for p, v in data.get("draft_cost_ratio", {}).items())
+    return text + (f"\n\nDraft cost ratio c (0.5B / 1.5B at one row): {ratios}." if ratios else "")
+
+
+def view_row_invariance(data: dict) -> str:
+    """Per layer: the row counts at which F.linear changed row 0's bits, against specdec's linear."""
+    header = ["dtype, layer (out × in)", "F.linear: rows differing from 512", "specdec linear",
+              "ms at 1 / 64 / 256 rows"]
+    rows = []
+    for layer, r in data.items():
+        differ = r["raw_F.linear_rows_differing_from_512"]
+        ms = r["ms_by_rows"]
+        rows.append([layer, ", ".join(map(str, differ)) or "none",
+                     ", ".join(map(str, r["specdec_linear_rows_differing"])) or "none",
+                     " / ".join(f"{ms[n]:.3f}" for n in ("1", "64", "256") if n in ms)])
+    return table(header, rows, right_from=3)
+
+
+def span(values: list[float], digits: int = 2, suffix: str = "") -> str:
+    if not values:
+        return "—"
+    lo, hi = min(values), max(values)
+    return f"{lo:.{digits}f}{suffix}" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" \
+        else f"{lo:.{digits}f}–{hi:.{digits}f}{suffix}"
+
+
+def history_row(root: Path, doc: Path, stem: str, data: dict) -> list[str]:
+    date, machine, what = SOURCES[stem]
+    summary, peers = data["summary"], list(data.get("peers") or {})
+    decode = all("decode_tokens_per_second" in a["plain"] for a in summary.values())
+    rate, sp = ("decode_tokens_per_second", "decode_speedup") if decode else ("tokens_per_second", "speedup")
+
+    def med(arm: str, key: str) -> list[float]:
+        return [a[arm][key]["median"] for a in summary.values() if arm in a and key in a[arm]]
+    ours, theirs = med("plain", rate), med(peers[0], rate) if peers else []
+    prec = data.get("precision", "") + (f" / {data['draft_precision']}" if data.get("draft_precision") else "")
+    sets = "all five" if len(summary) == 5 else ", ".join(summary)
+    return [date, MACHINES[machine][0], source_link(root, doc, stem), what, prec, sets,
+            span(ours) + ("" if decode else " *"), span(theirs),
+            span([o / t for o, t in zip(ours, theirs)]) if theirs else "—",
+            span(med("draft_cost_model", sp), suffix="×"), span(med("ngram", sp), suffix="×")]
+
+
+def view_history(root: Path, doc: Path) -> str:
+    """Every arm sweep, oldest first: the ranges over sets of each median."""
+    header = ["date", "machine", "results", "what changed", "target / draft", "sets", "plain tok/s",
+              "llama.cpp tok/s", "plain / llama.cpp", "draft, cost model", "n-gram, cost model"]
+    rows = []
+    for stem in SOURCES:
+        path = root / "docs" / "results" / f"{stem}.json"
+        data = json.loads(path.read_text()) if path.exists() else {}
+        if "runs" in data and "summary" in data:  # an arm sweep (`specdec bench`)
+            rows.append(history_row(root, doc, stem, data))
+    note = ("Decode-only tokens/s and ratios to our plain decoding: each set's median, then the range over "
+            "the sets. * marks a run that predates the decode-only figures: its rates and ratios cover the "
+            "whole request. Machines: " + "; ".join(f"{short}: {desc}" for short, desc in MACHINES.values()) + ".")
+    return table(header, rows, right_from=6) + "\n\n" + note
+
+
+def view_index(root: Path, doc: Path) -> str:
+    """Every results file: what it shows, date, machine, command."""
+    rows = []
+    for path in sorted((root / "docs" / "results").glob("*.json")):
+        stem = path.stem
+        date, machine, what = SOURCES.get(stem, ("—", "", "not described in specdec/bench/report.py"))
+        name = f"`{stem}.json`" + (" + `.png`" if path.with_suffix(".png").exists() else "")
+        rows.append([name, what, date, MACHINES.get(machine, ("", "—"))[1],
+                     f"`{command(json.loads(path.read_text()))}`"])
+    return table(["file", "what", "date", "machine", "command"], rows, right_from=5)
+
+
+def view_lines(root: Path, doc: Path) -> str:
+    """Python files and lines per package folder (the tree's size, kept current)."""
+    rows = []
+    for folder in [root / "specdec", *sorted(d for d in (root / "specdec").rglob("*") if d.is_dir()
+                                            and any(d.glob("*.py"))), root / "tests"]:
+        files = sorted(folder.glob("*.py"))
+        lines = sum(len(f.read_text(encoding="utf-8").splitlines()) for f in files)
+        rows.append([f"`{folder.relative_to(root).as_posix()}/*.py`", str(len(files)), str(lines)])
+    return table(["files", "count", "lines"], rows)
+
+
+TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view_precision,
+               "serve": view_serve, "steps": view_steps, "row-invariance": view_row_invariance}
+DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
+
+
+# ---- blocks -------------------------------------------------------------------------------------
+
+def render(root: Path, doc: Path, name: str) -> str:
+    """The text of one generated block, from its marker's NAME (VIEW:STEM, or history / index)."""
+    view, _, stem = name.partition(":")
+    if view in DOC_VIEWS and not stem:
+        return DOC_VIEWS[view](root, doc)
+    if view not in TABLE_VIEWS or not stem:
+        raise SystemExit(f"error: {doc}: unknown generated block {name!r} "
+                         f"(views: {', '.join([*TABLE_VIEWS, *DOC_VIEWS])})")
+    data = load(root, stem)
+    return caption(root, doc, stem, data) + "\n\n" + TABLE_VIEWS[view](data)
+
+
+def rewrite(root: Path, doc: Path, text: str) -> str:
+    """text with every generated block's body rendered anew; the markers stay where they are."""
+    out, pos = [], 0
+    while (start := text.find(START, pos)) != -1:
+        head_end = text.find("-->", start)
+        end = text.find(END, head_end)
+        if head_end == -1 or end == -1:
+            raise SystemExit(f"error: {doc}: a generated block at offset {start} has no {END!r}")
+        name = text[start + len(START):head_end].strip()
+        out.append(text[pos:head_end + 3] + "\n" + render(root, doc, name) + "\n")
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdec.bench.report", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if any file is out of date")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the repository root (default: this checkout)")
+    args = parser.parse_args(argv)
+    stale = []
+    for rel in DOCS:
+        doc = args.root / rel
+        if not doc.exists():
+            continue
+        old = doc.read_text()
+        new = rewrite(args.root, doc, old)
+        if new != old:
+            stale.append(rel)
+            if not args.check:
+                write_atomic(doc, new)
+    verb = "out of date" if args.check else "rewritten"
+    print(f"{verb}: {', '.join(stale)}" if stale else "generated tables up to date")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""Flag groups shared by several subcommands (model, sampling, speculation) and the configs they
+map to. Defaults come from the config dataclasses, so the flags and the configs never drift."""
+from __future__ import annotations
+
+import argparse
+
+from specdec.config import DEFAULT_TARGET, PRECISION_CHOICES, PRECISIONS, SPEC_POLICIES, ModelConfig, SpeculativeConfig
+from specdec.sampling_params import SamplingParams
+from specdec.speculation import registry
+
+_AUTO = ("int4-a16 for a GGUF model on a CPU where the int4 kernel builds, else float32 (the exact oracle); "
+         "the mode chosen is printed")
+DRAFT_PRECISION_HELP = ("the draft model's precision (default: int4-a8 where auto picks int4-a16 for the target, "
+                        "else the target's; output is unchanged either way)")
+
+
+def add_model_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
+    """--model, --precision, --device, --max-model-len, --threads. defaults=False leaves each unset
+    (None) unless given, for flags that override a YAML file."""
+    p.add_argument("--model", default=DEFAULT_TARGET if defaults else None,
+                   help="registry name, .gguf path or model folder")
+    p.add_argument("--precision", "--dtype", dest="precision", default=ModelConfig.precision if defaults else None,
+                   choices=PRECISION_CHOICES,
+                   help=f"auto (default): {_AUTO}" if defaults else f"default: the YAML's, else auto: {_AUTO}")
+    p.add_argument("--device", default=ModelConfig.device if defaults else None, help="cpu or cuda[:N]")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads (default: chosen per forward by measurement)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--logprobs", type=int, default=None)
+
+
+def sampling_params(a: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p,
+                          repetition_penalty=a.repetition_penalty, presence_penalty=a.presence_penalty,
+                          frequency_penalty=a.frequency_penalty, seed=a.seed, max_tokens=a.max_tokens,
+                          stop=a.stop, ignore_eos=a.ignore_eos, logprobs=a.logprobs)
+
+
+def add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
+    """--draft | --spec | --no-spec, -k, --spec-policy, --draft-vocab, --draft-precision,
+    --spec-deterministic. defaults=False leaves k and the policy unset unless given."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--draft", help="draft model (registry name or path) for draft-model speculation")
+    g.add_argument("--spec", choices=registry.kinds(), help="speculation method: " + "; ".join(
+        f"{k}: {registry.get(k).description}" for k in registry.kinds()))
+    g.add_argument("--no-spec", action="store_true", help="plain decoding (k = 0 throughout)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int,
+                   default=SpeculativeConfig.num_speculative_tokens if defaults else None,
+                   help="k for the fixed policy, the maximum k otherwise")
+    p.add_argument("--spec-policy", choices=SPEC_POLICIES, default=SpeculativeConfig.policy if defaults else None)
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="the draft model scores only N frequent tokens (cheaper steps; still lossless)")
+    p.add_argument("--draft-precision", choices=PRECISIONS, default=None, help=DRAFT_PRECISION_HELP)
+    p.add_argument("--spec-deterministic", action="store_true",
+                   help="cost model decides from acceptance counts alone (a seed then fixes the text)")
+
+
+def speculative_config(a: argparse.Namespace, model: str | None = None) -> SpeculativeConfig | None:
+    """The SpeculativeConfig the flags ask for (None: --no-spec); with no flag, the registry's
+    default draft for a registry target, otherwise n-gram lookup. `model`: the target (default
+    --model). Raises ValueError for a kind that needs a model when the target has no default draft."""
+    from specdec.models.registry import default_draft
+    model = model or a.model
+    if a.no_spec:
+        return None
+    method, draft = a.spec, a.draft
+    if draft:
+        method = "draft_model"
+    elif method is None:
+        draft = default_draft(model)
+        method = "draft_model" if draft else "ngram"
+    elif registry.get(method).needs_model:
+        draft = default_draft(model)
+        if draft is None:
+            raise ValueError(f"{model} has no default draft model; name one with --draft")
+    return SpeculativeConfig(method=method, draft_model=draft,
+                             num_speculative_tokens=(SpeculativeConfig.num_speculative_tokens
+                                                     if a.num_speculative_tokens is None else a.num_speculative_tokens),
+                             policy=a.spec_policy or SpeculativeConfig.policy, deterministic=a.spec_deterministic,
+                             draft_vocab_size=a.draft_vocab, draft_precision=a.draft_precision)
+
+
+def describe_speculation(spec: SpeculativeConfig | None) -> str:
+    """One stderr line: how an engine speculates (give it the engine's resolved config)."""
+    if spec is None:
+        return "speculation: off (plain decoding)"
+    kind = registry.get(spec.method)
+    what = (f"draft model {spec.draft_model} ({spec.draft_precision or 'the target precision'})" if kind.needs_model
+            else kind.description)
+    return f"speculation: {what}, k={spec.num_speculative_tokens}, policy={spec.policy}"

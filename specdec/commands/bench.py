@@ -1,0 +1,101 @@
+"""`specdec bench [spec|decode|serve|precision|threads|steps]`: one parser for every benchmark mode;
+each mode's runner lives in specdec/bench/ and reads the flags it needs."""
+from __future__ import annotations
+
+import argparse
+
+from specdec.commands.args import DRAFT_PRECISION_HELP, add_model_args
+from specdec.config import PRECISIONS, SPEC_POLICIES
+from specdec.prompts import set_path
+
+MODES = ("spec", "decode", "serve", "precision", "threads", "steps")
+_OUTPUTS = {"precision": "bench-precision", "threads": "bench-threads", "steps": "bench-steps",
+            "serve": "bench-serve"}  # default --out / --plot stems; the others write bench.json / bench.png
+_ARMS = {"serve": "plain,draft", "spec": "plain,draft_fixed,draft_cost_model,ngram"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("bench", help="benchmark: plain vs speculative arms (spec, the default), plain decoding "
+                                     "alone (decode), serving under Poisson arrivals (serve), precision modes "
+                                     "against float32 (precision), thread counts under competition (threads), "
+                                     "forward cost by row count on random weights, any device (steps)")
+    b.add_argument("mode", nargs="?", choices=MODES, default="spec")
+    add_model_args(b)
+    b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
+    b.add_argument("--draft-precision", choices=PRECISIONS, default=None, help=DRAFT_PRECISION_HELP)
+    b.add_argument("--arms", default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram[,ngram_fixed]; "
+                                                "serve: plain,draft[,ngram]")
+    b.add_argument("--sets", default="code_edit,code_gen,chat,prose,zh")
+    b.add_argument("-k", type=int, default=4)
+    b.add_argument("--prompts-file", default=str(set_path("code_gen")), help="decode mode: the prompt set")
+    b.add_argument("--num-prompts", type=int, default=3, help="prompts per set")
+    b.add_argument("--max-tokens", type=int, default=64)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--out", default="bench.json")
+    b.add_argument("--plot", default="bench.png", help="PNG plot (spec mode); empty for none")
+    _add_mode_args(b)
+    b.set_defaults(func=cmd_bench)
+
+
+def _add_mode_args(b: argparse.ArgumentParser) -> None:
+    """Flags that only some modes read (each help says which)."""
+    b.add_argument("--precisions", default=None,
+                   help="precision mode: the modes compared with float32 (default int4,int4-a16,int4-a8); steps: "
+                        "the dtypes timed (default float32,bfloat16)")
+    b.add_argument("--shapes", default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct",
+                   help="steps: models whose shapes get random weights, the draft first, the target last")
+    b.add_argument("--rows", default="1,2,3,5,8,16,64,256", help="steps: new rows per forward")
+    b.add_argument("--context", type=int, default=512, help="steps: tokens already in the cache")
+    b.add_argument("--rates", default="0.05,0.1,0.2", help="serve: Poisson arrival rates (requests/s)")
+    b.add_argument("--num-requests", type=int, default=8, help="serve: requests per rate")
+    b.add_argument("--max-prompt-tokens", type=int, default=256, help="serve: prompts are cut to this")
+    b.add_argument("--max-batch-size", type=int, default=8, help="serve: running requests")
+    b.add_argument("--policy", choices=SPEC_POLICIES, default="cost_model", help="serve: speculation policy")
+    b.add_argument("--seed", type=int, default=0, help="serve: arrivals and prompt choice")
+    b.add_argument("--shape", default="17920x1536",
+                   help="threads: the layer timed, OUTxIN (default the 1.5B's gate|up)")
+    b.add_argument("--competitors", type=int, default=1, help="threads: busy processes in the contended run")
+    b.add_argument("--calls", type=int, default=10, help="threads: timed calls per cell and repeat")
+    b.add_argument("--peer", choices=["none", "transformers"], default="none",
+                   help="decode mode: also time transformers float32 on the same prompts, in the same run")
+    b.add_argument("--peers", default="",
+                   help="spec: other engines run interleaved with the arms on the same prompt ids and GGUF: "
+                        "transformers, transformers_assisted (float32; the test extra), llama.cpp, "
+                        "llama.cpp_lookup (prompt lookup); comma list, default none")
+    b.add_argument("--install-peers", action="store_true",
+                   help="spec: build llama-cpp-python from source into $SPECDEC_HOME/peers/llama-cpp "
+                        "if a llama.cpp peer is asked for and missing (about 9 minutes, once)")
+
+
+def _with_mode_defaults(a: argparse.Namespace) -> argparse.Namespace:
+    """A copy of the flags with the mode's own default output names and arms filled in."""
+    stem = _OUTPUTS.get(a.mode)
+    return argparse.Namespace(**{**vars(a),
+                                 "out": f"{stem}.json" if stem and a.out == "bench.json" else a.out,
+                                 "plot": f"{stem}.png" if stem and a.plot == "bench.png" else a.plot,
+                                 "arms": a.arms or _ARMS.get(a.mode)})
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    a = _with_mode_defaults(a)
+    if a.mode == "decode":
+        from specdec.bench.decode import run_decode_bench
+        run_decode_bench(a)
+    elif a.mode == "precision":
+        from specdec.bench.precision import run_precision_bench
+        run_precision_bench(a)
+    elif a.mode == "threads":
+        from specdec.bench.threads import run_threads_bench
+        if a.competitors < 0 or a.calls < 1 or a.repeats < 1 or a.k < 0:
+            raise ValueError("--competitors must be >= 0, --calls and --repeats >= 1, -k >= 0")
+        run_threads_bench(a)
+    elif a.mode == "steps":
+        from specdec.bench.steps import run_steps_bench
+        run_steps_bench(a)
+    elif a.mode == "serve":
+        from specdec.bench.serve_bench import run_serve_bench
+        run_serve_bench(a)
+    else:
+        from specdec.bench.spec_bench import run_spec_bench
+        run_spec_bench(a)
+    return 0

@@ -1,0 +1,118 @@
+"""`specdec serve`: the OpenAI-compatible HTTP server. A YAML file (--config) gives the engine and
+server settings; each flag given overrides its value, a flag not given leaves the file's."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+from specdec.commands.args import add_model_args, add_spec_args, describe_speculation, speculative_config
+from specdec.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    ServerConfig,
+    SpeculativeConfig,
+    load_yaml_config,
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    sv.add_argument("--config", help="YAML config (execution_config, speculative, server); flags override it")
+    add_model_args(sv, defaults=False)
+    sv.add_argument("--max-batch-size", type=int, default=None)
+    add_spec_args(sv, defaults=False)
+    sv.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=None)
+    sv.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (or set SPECDEC_API_KEY)")
+    sv.add_argument("--router", action="store_true",
+                    help="choose a proposer per request (domain guess + measured gain)")
+    sv.add_argument("--extra-draft", action="append", default=[],
+                    help="another draft model the router may use, loaded on first use (repeatable)")
+    sv.add_argument("--shadow-fraction", type=float, default=None,
+                    help="shadow A/B: share of speculative requests also decoded plainly in the background")
+    sv.set_defaults(func=cmd_serve)
+
+
+def serve_configs(a: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
+    """EngineConfig and ServerConfig from --config (if any), then the flags given on top. Precision
+    `auto` (the default without a file) is resolved by the engine when it is built."""
+    engine_cfg, server_cfg = load_yaml_config(a.config) if a.config else (EngineConfig(), ServerConfig())
+    model = _model_config(a, engine_cfg.model)
+    sched = dataclasses.asdict(engine_cfg.scheduler)
+    if a.max_batch_size is not None:
+        sched["max_batch_size"] = a.max_batch_size
+    engine_cfg = EngineConfig(model=model, cache=CacheConfig(**dataclasses.asdict(engine_cfg.cache)),
+                              scheduler=SchedulerConfig(**sched),
+                              speculative=_speculative(a, engine_cfg.speculative, model.model))
+    return engine_cfg, _server_config(a, server_cfg)
+
+
+def _model_config(a: argparse.Namespace, base: ModelConfig) -> ModelConfig:
+    model = dataclasses.asdict(base)
+    for flag, name in (("model", "model"), ("precision", "precision"), ("device", "device"),
+                       ("max_model_len", "max_model_len"), ("threads", "num_threads")):
+        if getattr(a, flag) is not None:
+            model[name] = getattr(a, flag)
+    return ModelConfig(**model)
+
+
+def _speculative(a: argparse.Namespace, base: SpeculativeConfig | None, model: str) -> SpeculativeConfig | None:
+    """The flags' speculation without a file, or when they name a method (--draft, --spec,
+    --no-spec); otherwise the file's, with -k, --spec-policy and --draft-precision on top."""
+    spec = base
+    if a.config is None or a.no_spec or a.draft or a.spec:
+        spec = speculative_config(a, model)
+    elif spec is not None:
+        given = {"num_speculative_tokens": a.num_speculative_tokens, "policy": a.spec_policy,
+                 "draft_precision": a.draft_precision}
+        spec = dataclasses.replace(spec, **{k: v for k, v in given.items() if v is not None})
+    if a.router or a.extra_draft:
+        if spec is None:
+            raise ValueError("--router / --extra-draft need speculation (drop --no-spec)")
+        spec = dataclasses.replace(spec, router=spec.router or a.router, extra_drafts=spec.extra_drafts + a.extra_draft)
+    return spec
+
+
+def _server_config(a: argparse.Namespace, base: ServerConfig) -> ServerConfig:
+    server = dataclasses.asdict(base)
+    for name in ("host", "port", "api_key", "shadow_fraction"):
+        if getattr(a, name) is not None:
+            server[name] = getattr(a, name)
+    if server["api_key"] is None and os.environ.get("SPECDEC_API_KEY"):
+        server["api_key"] = os.environ["SPECDEC_API_KEY"]
+    return ServerConfig(**server)
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from specdec.engine import LLMEngine
+    from specdec.server.app import build_app
+    from specdec.server.async_engine import AsyncEngine
+    engine_cfg, server_cfg = serve_configs(a)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def build() -> LLMEngine:  # on the engine thread: /health answers 503 meanwhile
+        engine = LLMEngine(engine_cfg, progress=True)
+        print(f"model {engine.loaded.name} ({engine.precision}, {engine_cfg.model.device}) loaded; "
+              + describe_speculation(engine.config.speculative), file=sys.stderr)
+        return engine
+
+    engine = AsyncEngine(build)
+    app = build_app(engine, server_cfg, engine_cfg.model.model.rsplit("/", 1)[-1])
+    engine.start()
+    auth = "API key required" if server_cfg.api_key else "no API key"
+    print(f"serving {engine_cfg.model.model} on http://{server_cfg.host}:{server_cfg.port} ({auth}); "
+          "/health answers 503 until the models are loaded", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=server_cfg.host, port=server_cfg.port,
+                    log_level="warning", timeout_graceful_shutdown=5)
+    finally:
+        engine.shutdown()
+    return 0

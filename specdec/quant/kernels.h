@@ -1,0 +1,74 @@
+// The C ABI of the CPU kernels: every extern "C" entry point and the structs they share, declared once.
+// Included by every .cpp here; the Python side's ctypes table (`kernel.py`: SIGNATURES and the
+// Structure classes) follows it field by field, argument by argument (tests/test_quant.py checks it).
+#pragma once
+#include <stdint.h>
+
+// One block of output features of a linear layer: packed codes (dense == null) or float32 weights.
+struct Part {
+    int64_t n;              // output features
+    int bits;
+    int group;
+    int act;                // activation bits of the integer kernels (0, 8, 16)
+    const void* codes;
+    const float* scale;
+    const float* offset;
+    const float* dsup;
+    const int16_t* sub;
+    const float* dense;     // [n, k] float32, or null
+};
+
+struct Linear {
+    const Part* parts;
+    int64_t num_parts;
+    int64_t n;              // all parts' output features
+    const float* bias;      // [n] or null
+};
+
+struct Layer {
+    const float* input_norm;
+    const float* post_norm;
+    Linear qkv;
+    Linear o;
+    Linear gate_up;
+    Linear down;
+    float* k_cache;         // [slots, num_kv_heads, head_dim]
+    float* v_cache;
+};
+
+struct Dims {
+    int64_t hidden;
+    int64_t intermediate;
+    int64_t num_heads;
+    int64_t num_kv_heads;
+    int64_t head_dim;
+    float eps;
+    float attn_scale;
+};
+
+extern "C" {
+
+// qlinear.cpp: linear layers (each documented at its definition)
+int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes, const float* scale,
+            const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int16_t* sub,
+            const float* dsup);
+int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y, int64_t ldy,
+                 int threads);
+
+// layer_ops.cpp: the decoder's glue
+void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t rows, int64_t h, const float* w,
+              float eps, float* out, int threads);
+void rope(float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t d, const int64_t* positions, const float* cos,
+          const float* sin);
+void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads);
+void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
+               const float* k_cache, const float* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
+               const int64_t* ctx_len, float scale, float* out, int threads);
+
+// decoder.cpp: the layer loop in one call
+int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, const float* final_norm, float* h,
+                    int64_t rows, const int64_t* positions, const int64_t* slot_mapping, int64_t num_real,
+                    const int64_t* ctx_slots, const int64_t* ctx_start, const int64_t* ctx_len, const float* cos,
+                    const float* sin, float* out, int threads);
+
+}  // extern "C"

@@ -1,0 +1,51 @@
+"""One forward's inputs from the schedule: the chunks as flat token rows (padded to the model's row
+alignment), each new token's cache slot, and each request's context for attention
+(`AttentionMetadata`, the seam to the model's layers in `specdec.quant.attention`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.core.outputs import ScheduledChunk
+from specdec.quant.attention import AttentionMetadata, SeqAttention
+from specdec.quant.layers import pad_rows
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor   # [num_rows] token ids (padding rows: 0)
+    positions: torch.Tensor   # [num_rows] each token's position (padding rows: 0)
+    meta: AttentionMetadata   # meta.num_rows: the padded row count
+    logit_rows: list[int]     # the rows whose logits the chunks ask for, in order
+    cu_num_logits: list[int]  # [len(chunks) + 1] offsets of each chunk's logits among them
+
+
+def build_batch(chunks: list[ScheduledChunk], block_size: int, align: int, device: torch.device) -> ForwardBatch:
+    """The flat rows of `chunks` (one after another), padded to a multiple of `align` rows; each
+    token's cache slot comes from its request's block table (`block_size` slots a block)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    seqs: list[SeqAttention] = []
+    logit_rows: list[int] = []
+    cu = [0]
+    for chunk in chunks:
+        n = len(chunk.token_ids)
+        start = chunk.start_position
+        table = torch.tensor(chunk.block_ids, dtype=torch.long)
+        pos = torch.arange(start + n)
+        ctx_slots = table[pos // block_size] * block_size + pos % block_size
+        seqs.append(SeqAttention(len(ids), n, start, ctx_slots.to(device)))
+        slots.extend(ctx_slots[start:].tolist())
+        logit_rows.extend(range(len(ids) + n - chunk.num_logits, len(ids) + n))
+        ids.extend(chunk.token_ids)
+        positions.extend(range(start, start + n))
+        cu.append(cu[-1] + chunk.num_logits)
+    num_rows = pad_rows(len(ids), align)
+    pad = num_rows - len(ids)
+    input_ids = torch.tensor(ids + [0] * pad, dtype=torch.long, device=device)
+    pos_t = torch.tensor(positions + [0] * pad, dtype=torch.long, device=device)
+    meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device), seqs, num_rows)
+    return ForwardBatch(input_ids, pos_t, meta, logit_rows, cu)

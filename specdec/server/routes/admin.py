@@ -1,0 +1,43 @@
+"""GET / POST /admin/drafts: list the drafts, load one in the background (202) or unload one (200).
+Needs the server's API key; without one the routes answer 403."""
+from __future__ import annotations
+
+import dataclasses
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from specdec.engine import LLMEngine
+from specdec.server.context import ServerContext, context
+from specdec.server.errors import APIError
+from specdec.server.middleware import check_admin
+from specdec.server.protocol import AdminDraftRequest
+
+router = APIRouter()
+
+
+def drafts_report(eng: LLMEngine) -> dict:
+    """The configured proposer, the router's state (None: no router) and every draft's status."""
+    spec = eng.stats().speculation
+    return {"default": spec.default if spec else None, "router": spec.router if spec else None,
+            "drafts": [dataclasses.asdict(d) for d in eng.draft_status()]}
+
+
+@router.get("/admin/drafts", dependencies=[Depends(check_admin)])
+async def list_drafts(ctx: ServerContext = Depends(context)):
+    ctx.ready_engine()
+    return await ctx.engine.call(drafts_report)
+
+
+@router.post("/admin/drafts", dependencies=[Depends(check_admin)])
+async def change_drafts(body: AdminDraftRequest, ctx: ServerContext = Depends(context)):
+    ctx.ready_engine()
+
+    def act(eng: LLMEngine) -> dict:
+        draft = eng.load_draft(body.model) if body.action == "load" else eng.unload_draft(body.model)
+        return {"action": body.action, "id": draft, **drafts_report(eng)}
+    try:
+        result = await ctx.engine.call(act)
+    except ValueError as e:
+        raise APIError(400, str(e), "model") from None
+    return JSONResponse(result, status_code=202 if body.action == "load" else 200)

@@ -1,0 +1,31 @@
+"""GET /v1/models: the one model served, with its context length, precision and proposers."""
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends
+
+from specdec.metrics import EngineStats
+from specdec.server.context import ServerContext, context
+from specdec.server.middleware import check_auth
+
+router = APIRouter()
+
+
+def speculative_card(stats: EngineStats) -> dict:
+    """The configured proposer, whether a router picks per request, and every loaded proposer by id."""
+    spec = stats.speculation
+    if spec is None:
+        return {"default": None, "router": False, "proposers": {}}
+    return {"default": spec.default, "router": spec.router is not None,
+            "proposers": {p.id: p.name for p in spec.proposers}}
+
+
+@router.get("/v1/models", dependencies=[Depends(check_auth)])
+async def models(ctx: ServerContext = Depends(context)):
+    ctx.ready_engine()
+    stats = await ctx.engine.snapshot()
+    card = {"id": ctx.served_model, "object": "model", "created": int(time.time()), "owned_by": "specdec",
+            "max_model_len": stats.max_model_len, "precision": stats.precision,
+            "speculative": speculative_card(stats)}
+    return {"object": "list", "data": [card]}

@@ -1,0 +1,59 @@
+"""Cost arithmetic of speculation: the predicted speedup of k drafts, and tables of measured forward
+costs by row count (what the controller's cost model prices steps with)."""
+from __future__ import annotations
+
+from collections import deque
+
+from specdec.quant.layers import ROW_ALIGN, pad_rows
+
+
+def predicted_speedup(acceptance: list[float], k: int, c: float, verify_ratio: float) -> float:
+    """Leviathan et al. 2023 (section 3.4): E[tokens | k] / (k c + t_verify(k + 1) / t_target), with
+    `acceptance` per draft position (given the position is reached)."""
+    expected, reach = 1.0, 1.0
+    for a in acceptance[:k]:
+        reach *= a
+        expected += reach
+    return expected / (k * c + verify_ratio)
+
+
+class CostTable:
+    """Measured seconds by padded row count (the runner pads rows to a multiple of 4, so e.g. 1-4
+    rows cost the same): the median of the last 5 measurements (of fewer than 3: the newest). A
+    median, not a moving average: one outlier (a process's cold first forward, the thread tuner
+    trying a count) moves nothing, which matters most for the plain step's cost, since it is not
+    measured again while a request speculates. An unmeasured row count is interpolated between the
+    nearest measurements around it (prefill chunks give the large ones, so on a CPU a 16-row
+    verification is priced from what 4 and 48 rows cost, on a GPU it stays flat); outside the
+    measured range it scales in proportion to the nearest measurement (below it that is optimistic
+    on purpose: the controller tries the row count and learns its real cost)."""
+
+    def __init__(self, window: int = 5, row_align: int = ROW_ALIGN) -> None:
+        self.window = window
+        self.row_align = row_align  # the runner's padding: row counts that cost the same share a key
+        self.seconds: dict[int, float] = {}
+        self._recent: dict[int, deque] = {}
+
+    def record(self, rows: int, seconds: float) -> None:
+        key = pad_rows(rows, self.row_align)
+        recent = self._recent.setdefault(key, deque(maxlen=self.window))
+        recent.append(seconds)
+        self.seconds[key] = sorted(recent)[len(recent) // 2] if len(recent) >= 3 else seconds
+
+    def estimate(self, rows: int) -> float | None:
+        key = pad_rows(rows, self.row_align)
+        if key in self.seconds:
+            return self.seconds[key]
+        lower = max((r for r in self.seconds if r < key), default=None)
+        higher = min((r for r in self.seconds if r > key), default=None)
+        if lower is None and higher is None:
+            return None
+        if lower is None or higher is None:  # proportional to the nearest measurement
+            near = higher if lower is None else lower
+            return self.seconds[near] * key / near
+        w = (key - lower) / (higher - lower)
+        return (1 - w) * self.seconds[lower] + w * self.seconds[higher]
+
+    def prefill(self, rows: int) -> float | None:
+        """Cost of a long forward, once some forward of >= 16 rows was measured."""
+        return self.estimate(rows) if any(r >= 16 for r in self.seconds) else None

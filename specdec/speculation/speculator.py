@@ -1,0 +1,294 @@
+"""Speculator: the one seam between the engine and speculation.
+
+It owns the proposers (through the DraftSet: loading, unloading, status), their controllers (k per
+request and step, health checks, cost model), the router and the draft KV pools. The engine drives
+it with a handful of calls, in step order:
+
+    assign(...)       a new request's proposer and domain guess
+    propose(running)  plan each decoding request's k and draft; fills request.spec_token_ids
+                      (the scheduler then schedules those drafts, or trims them if room is short)
+    draft_probs(id)   the distribution each draft was drawn from, for the rejection sampler
+    verified(...)     one request's verification outcome (acceptance, rollback, fallback)
+    end_step(...)     the step's costs; drafts that were not scheduled are rolled back
+    free / preempted  a request left (or lost its KV)
+    stats()           a SpeculationStats snapshot
+
+The scheduler gets `pools` (draft KV pools by proposer id, a dict kept up to date in place) and
+`reserve` (k slots kept free for drafts) when it is built. Nothing here changes what is emitted:
+rejection sampling keeps the output the target's, so every choice made here only moves speed.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from specdec.config import EngineConfig
+from specdec.core.kv_cache_manager import KVCacheManager
+from specdec.core.outputs import ModelRunnerOutput, SchedulerOutput
+from specdec.metrics import DraftStatus, PoolStats, ProposerStats, SpeculationStats
+from specdec.models.loader import LoadedModel
+from specdec.request import Request, SpecOptions
+from specdec.speculation.controller import SpecController
+from specdec.speculation.draft_set import DraftSet
+from specdec.speculation.proposers.base import DraftProposal, Drafts, Proposer
+from specdec.speculation.router import DraftRouter, guess_domain
+
+log = logging.getLogger("specdec.speculation")
+
+
+@dataclass
+class _Planned:
+    proposer_id: str
+    catch_up: int             # committed tokens the proposer had not processed
+    num_emitted_before: int   # the request's output length when the step began
+    proposal: DraftProposal | None = None
+
+
+class Speculator:
+    def __init__(self, config: EngineConfig, target: LoadedModel, max_model_len: int,
+                 draft_loaded: LoadedModel | None = None, progress: bool = True) -> None:
+        assert config.speculative is not None
+        self.max_model_len = max_model_len
+        self.drafts = DraftSet(config, target, max_model_len, draft_loaded, progress)
+        self.reserve = config.speculative.num_speculative_tokens
+        self.num_proposer_errors = 0
+        self._planned: dict[str, _Planned] = {}
+        self._explored = False   # a draft forward of this step ran on a thread count being tried
+
+    # ---- what the scheduler and the engine read -------------------------------------------------
+    @property
+    def pools(self) -> dict[str, KVCacheManager]:
+        return self.drafts.pools
+
+    @property
+    def default_id(self) -> str:
+        return self.drafts.default_id
+
+    @property
+    def default_proposer(self) -> Proposer | None:
+        return self.drafts.proposers.get(self.drafts.default_id)
+
+    @property
+    def proposers(self) -> dict[str, Proposer]:
+        return self.drafts.proposers
+
+    @property
+    def controllers(self) -> dict[str, SpecController]:
+        return self.drafts.controllers
+
+    @property
+    def router(self) -> DraftRouter | None:
+        return self.drafts.router
+
+    def kind_of(self, proposer_id: str | None) -> str:
+        return "none" if proposer_id is None else self.drafts.kind_of(proposer_id)
+
+    def name_of(self, proposer_id: str) -> str:
+        p = self.drafts.proposers.get(proposer_id)
+        return p.name if p is not None else proposer_id
+
+    # ---- requests ---------------------------------------------------------------------------
+    def assign(self, opts: SpecOptions | None, prompt_ids: list[int], prompt: str | None
+               ) -> tuple[str | None, str | None]:
+        """(proposer id, domain guess) for a new request: what it asked for, else the router's
+        choice, else the configured proposer. Raises ValueError for an unknown method."""
+        if opts is not None and not opts.enabled:
+            return None, None
+        method = opts.method if opts is not None else None
+        if method not in (None, "auto"):
+            proposer_id = self.drafts.resolve(method)
+            # a draft that failed to load is skipped (reported by draft_status), never an error
+            return (None if proposer_id in self.drafts.errors else proposer_id), None
+        # the domain guess also keys the controller's acceptance prior, so it is made with one draft too
+        domain = guess_domain(prompt if prompt is not None else self.drafts.target.tokenizer.decode(prompt_ids))
+        if self.drafts.router is None:
+            return self.default_id, domain
+        return self.drafts.router.choose(domain, self.drafts.candidates()), domain
+
+    def admitted(self, proposer_id: str) -> None:
+        """A request was queued for this proposer: keep it loaded (or start loading it)."""
+        self.drafts.touch(proposer_id)
+        if proposer_id not in self.drafts.proposers:
+            self.drafts.load(proposer_id)  # first use: loads in the background, drafts once ready
+
+    # ---- the step -----------------------------------------------------------------------------
+    def propose(self, running: list[Request]) -> None:
+        """Set each decoding request's drafts for this step (request.spec_token_ids)."""
+        self._explored = False
+        self._planned = self._plan(running)
+        by_proposer: dict[str, list[Request]] = {}
+        for req in running:
+            if req.num_spec_tokens:
+                by_proposer.setdefault(req.spec_method, []).append(req)
+        for proposer_id, reqs in by_proposer.items():
+            self._propose_with(proposer_id, reqs)
+
+    def _plan(self, running: list[Request]) -> dict[str, _Planned]:
+        planned: dict[str, _Planned] = {}
+        batch = len(running)
+        for req in running:
+            req.num_spec_tokens, req.spec_token_ids = 0, []
+            pid = req.spec_method
+            if pid not in self.drafts.proposers or req.num_computed_tokens != req.num_tokens - 1:
+                continue  # plain decoding, its draft still loading, or still prefilling
+            controller = self.drafts.controllers[pid]
+            remaining = min(req.params.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens)
+            k = catch_up = 0
+            if remaining > 1:
+                catch_up = self.drafts.proposers[pid].catch_up_tokens(req)
+                k = controller.next_k(req.request_id, len(req.output_token_ids), batch, remaining, catch_up,
+                                      req.spec_domain)
+                if req.spec_max_k is not None:
+                    k = min(k, req.spec_max_k)
+                k = min(k, remaining - 1)
+            req.num_spec_tokens = k
+            controller.charge(req.request_id, k, batch, catch_up)
+            planned[req.request_id] = _Planned(pid, catch_up, len(req.output_token_ids))
+        return planned
+
+    def _propose_with(self, proposer_id: str, reqs: list[Request]) -> None:
+        proposer, controller = self.drafts.proposers[proposer_id], self.drafts.controllers[proposer_id]
+        asked = [r.num_spec_tokens for r in reqs]
+        try:
+            drafts = proposer.propose(reqs, asked)
+        except Exception:  # a proposer failure costs speed, never a request
+            log.exception("proposer %s failed; speculation disabled for %d request(s)", proposer.name, len(reqs))
+            self.num_proposer_errors += 1
+            for r in reqs:
+                controller.disable(r.request_id)
+                proposer.free(r.request_id)
+            drafts = Drafts([DraftProposal([]) for _ in reqs])
+        self._record_draft_costs(controller, drafts, len(reqs), max(asked))
+        for req, k, prop in zip(reqs, asked, drafts.proposals):
+            tokens = prop.token_ids[:k]
+            probs = None if prop.probs is None else prop.probs[: len(tokens)]
+            self._planned[req.request_id].proposal = DraftProposal(tokens, probs)
+            req.spec_token_ids = list(tokens)
+            req.spec.draft_seconds += drafts.seconds
+
+    def _record_draft_costs(self, controller: SpecController, drafts: Drafts, num_requests: int, max_k: int) -> None:
+        for rows, seconds in drafts.forward_costs:
+            if seconds is not None:
+                controller.record_draft(rows, seconds)
+        self._explored |= any(s is None for _, s in drafts.forward_costs)
+        if not drafts.forward_costs:  # a model-free proposer: its wall time per draft step
+            controller.record_draft(num_requests, drafts.seconds / max_k)
+
+    def draft_probs(self, request_id: str) -> torch.Tensor | None:
+        """[num_drafts, vocab] the scheduled drafts' distribution; None: one-hot drafts."""
+        planned = self._planned.get(request_id)
+        if planned is None or planned.proposal is None or planned.proposal.probs is None:
+            return None
+        return planned.proposal.probs
+
+    def verified(self, req: Request, num_drafted: int, num_accepted: int, num_emitted: int, decoding: bool,
+                 finished: bool) -> None:
+        """The target verified `num_drafted` scheduled drafts of `req`, kept `num_accepted` and emitted
+        `num_emitted` tokens (the target's K/V of rejected drafts is already rolled back)."""
+        pid = req.spec_method
+        if pid is None or pid not in self.drafts.controllers:
+            return
+        controller, fell_back = self.drafts.controllers[pid], False
+        if num_drafted:
+            req.spec.record(num_drafted, num_accepted)
+            fell_back = controller.observe(req.request_id, num_drafted, num_accepted)
+        if decoding:
+            controller.credit(req.request_id, num_emitted)
+        if finished:
+            return
+        planned = self._planned.get(req.request_id)
+        proposed = len(planned.proposal.token_ids) if planned and planned.proposal else num_drafted
+        self.drafts.proposers[pid].on_verified(req, proposed, num_accepted)
+        if fell_back and self.drafts.router is not None:
+            self.drafts.move(req, "acceptance collapsed")
+
+    def end_step(self, sched: SchedulerOutput, requests: dict[str, Request], out: ModelRunnerOutput,
+                 seconds: float) -> None:
+        """Record the step's costs, and roll back drafts the scheduler left out of the step."""
+        for controller in self.drafts.controllers.values():
+            if not out.exploring:
+                controller.record_verify(sched.num_batched_tokens, out.forward_seconds)
+        self._record_step(sched, requests, seconds, out.exploring or self._explored)
+        scheduled = {c.request_id for c in sched.chunks}
+        for rid, planned in list(self._planned.items()):
+            req = requests.get(rid)
+            if rid not in scheduled and req is not None and planned.proposal and planned.proposal.token_ids:
+                proposer = self.drafts.proposers.get(planned.proposer_id)
+                if proposer is not None:
+                    proposer.on_verified(req, len(planned.proposal.token_ids), 0)
+        self._planned = {}
+
+    def _record_step(self, sched: SchedulerOutput, requests: dict[str, Request], seconds: float,
+                     explored: bool) -> None:
+        """A pure decode step whose requests share one proposer and one k, none of them catching up on
+        more than a step's tokens (the last draft and the bonus token of a fully accepted step), no
+        forward on a thread count being tried: its wall time calibrates that controller's predicted
+        step cost."""
+        planned = self._planned
+        shape = {(planned[c.request_id].proposer_id if c.request_id in planned else "", c.num_drafts)
+                 for c in sched.chunks}
+        caught_up = all(c.num_drafts == 0 or planned[c.request_id].catch_up <= 2 for c in sched.chunks
+                        if c.request_id in planned)
+        if len(shape) != 1 or not caught_up or explored:
+            return
+        (pid, k), = shape
+        if pid not in self.drafts.controllers:
+            return
+        controller, batch = self.drafts.controllers[pid], len(sched.chunks)
+        controller.record_step(k, batch, seconds)
+        for c in sched.chunks:
+            req = requests.get(c.request_id)
+            if req is not None and c.request_id in planned:
+                tokens = len(req.output_token_ids) - planned[c.request_id].num_emitted_before
+                controller.record_request_step(c.request_id, k, batch, seconds, tokens)
+
+    def preempted(self, request_id: str) -> None:
+        """The request lost its KV (it will be recomputed): proposers drop their state for it."""
+        self._planned.pop(request_id, None)
+        for proposer in self.drafts.proposers.values():
+            proposer.free(request_id)
+
+    def free(self, req: Request) -> None:
+        """The request finished or was aborted."""
+        if req.spec_method is not None:
+            self.drafts.observe_gain(req)
+            self.drafts.touch(req.spec_method)
+        for proposer in self.drafts.proposers.values():
+            proposer.free(req.request_id)
+        for controller in self.drafts.controllers.values():
+            controller.free(req.request_id)
+
+    # ---- drafts' lifecycle --------------------------------------------------------------------
+    def poll(self, requests: list[Request]) -> None:
+        """Install drafts that finished loading, move requests off drafts that failed to, unload idle
+        ones."""
+        self.drafts.update(requests)
+
+    def load(self, model: str) -> str:
+        return self.drafts.add(model)
+
+    def unload(self, model: str, requests: list[Request]) -> str:
+        return self.drafts.unload(model, requests)
+
+    def wait_loaded(self, timeout: float | None = None) -> None:
+        self.drafts.wait_loaded(timeout)
+
+    def status(self) -> list[DraftStatus]:
+        return self.drafts.status()
+
+    def _proposer_stats(self, proposer_id: str) -> ProposerStats:
+        c = self.drafts.controllers[proposer_id]
+        verify = [c.verify_costs.estimate(rows) for rows in range(1, self.reserve + 2)]
+        return ProposerStats(proposer_id, self.name_of(proposer_id), self.drafts.kinds[proposer_id], c.num_fallbacks,
+                             c.num_reprobes, c.num_resumes, c.draft_costs.estimate(1), verify)
+
+    def stats(self) -> SpeculationStats:
+        d = self.drafts
+        proposers = [self._proposer_stats(i) for i in d.proposers]
+        pools = {i: PoolStats(kv.num_blocks, kv.num_free_blocks()) for i, kv in d.pools.items()}
+        router = d.router.snapshot() if d.router is not None else None
+        return SpeculationStats(d.default_id, proposers, d.status(), pools, router,
+                                d.router.num_switches if d.router is not None else 0,
+                                d.num_loads, d.num_unloads, d.num_load_failures, self.num_proposer_errors)
