@@ -20,11 +20,12 @@ import torch
 from specdec.config import AUTO_CPU_PRECISION, AUTO_DRAFT_PRECISION, EngineConfig
 from specdec.core.kv_cache_manager import KVCacheManager
 from specdec.core.outputs import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
-from specdec.core.scheduler import QueueFull, Scheduler  # noqa: F401 - QueueFull: the API's error
+from specdec.core.scheduler import QueueFull, Scheduler  # noqa: F401 - QueueFull: add_request's error, re-exported
 from specdec.metrics import DraftStatus, EngineCounters, EngineStats, PoolStats
 from specdec.models.llama import LlamaModel
 from specdec.models.loader import LoadedModel, is_gguf, load_model
 from specdec.output_processor import OutputProcessor
+from specdec.quant import kernel
 from specdec.request import (
     Request,
     RequestOutput,
@@ -38,7 +39,6 @@ from specdec.sample.logits_processors import process_logits
 from specdec.sample.rejection_sampler import rejection_sample
 from specdec.sample.sampler import fill_random_inputs, make_generator, top_logprobs
 from specdec.sampling_params import SamplingParams
-from specdec.quant import kernel
 from specdec.speculation import registry
 from specdec.speculation.proposers.self_draft import is_self_draft
 from specdec.speculation.speculator import Speculator

@@ -31,6 +31,7 @@ MACHINES = {
     "zen4": ("Zen 4", "Zen 4 VM (AMD EPYC family 25, 2 vCPU, AVX-512)"),
     "zen1": ("Zen 1", "Zen 1 VM (AMD EPYC family 23, 2 vCPU, AVX2 only)"),
     "h200": ("H200", "NVIDIA H200 GPU (torch 2.11, CUDA 13)"),
+    "xeon": ("Xeon", "Intel Xeon (Sapphire Rapids: AVX-512, VNNI, AMX), 2 vCPU"),
 }
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
@@ -59,6 +60,8 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "bench-draft-code-gen-192-zen4": ("2026-11-30", "zen4", "the draft model on 192-token answers, int4"),
     "bench-draft-code-gen-192-a16-zen4": ("2026-12-01", "zen4", "the draft model on 192-token answers, int4-a16, "
                                           "with a sub-vocabulary arm"),
+    "bench-spec-a16-xeon": ("2026-12-01", "xeon", "the default mode on a Xeon, three sets, 2 prompts each"),
+    "bench-ngram-code-edit-48-a16-xeon": ("2026-12-01", "xeon", "prompt lookup on code edits, int4-a16, on a Xeon"),
 }
 ARM_LABELS = {
     "plain": "plain", "draft_fixed": "draft, fixed k", "draft_cost_model": "draft, cost model",
