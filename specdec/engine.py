@@ -234,7 +234,7 @@ class LLMEngine:
             if k:
                 draft_ids[r, :k] = torch.tensor(drafts)
                 num_draft[r] = k
-                q = self.speculator.draft_probs(req.request_id)
+                q = self.speculator.draft_probs(req)
                 if q is None:  # one-hot drafts (n-gram, or a greedy draft)
                     draft_probs[r, torch.arange(k), draft_ids[r, :k]] = 1.0
                 else:

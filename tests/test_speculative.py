@@ -596,3 +596,19 @@ def test_cost_model_needs_a_margin_to_speculate():
         assert (c.next_k("r", 10, 1, remaining=100) > 0) == speculates
     with pytest.raises(ValueError, match="min_gain"):
         SpeculativeConfig(min_gain=1.0)
+
+
+def test_drafts_the_budget_cannot_hold_are_trimmed(plain, tiny_qwen, tiny_llama):
+    """Drafts are proposed before scheduling; a token budget too small for every request's k + 1
+    rows trims some requests' drafts (sampled drafts keep their distribution row for row)."""
+    cfg = engine_config(str(tiny_qwen), max_num_batched_tokens=6)
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
+                                        policy="fixed")
+    llm = LLM(config=cfg, progress=False)
+    greedy = SamplingParams(max_tokens=10, ignore_eos=True)
+    assert tokens(llm, greedy) == tokens(plain, greedy)
+    sampled = SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.8, seed=3)
+    outs = llm.generate(PROMPTS, sampled)
+    assert all(len(o.token_ids) == 10 for o in outs) and sum(o.stats.drafted_tokens for o in outs) > 0
+    pool = llm.engine.speculator.pools["tiny-llama.gguf"]
+    assert pool.num_free_blocks() == pool.num_blocks  # every draft slot given back

@@ -176,12 +176,13 @@ class Speculator:
         if not drafts.forward_costs:  # a model-free proposer: its wall time per draft step
             controller.record_draft(num_requests, drafts.seconds / max_k)
 
-    def draft_probs(self, request_id: str) -> torch.Tensor | None:
-        """[num_drafts, vocab] the scheduled drafts' distribution; None: one-hot drafts."""
-        planned = self._planned.get(request_id)
+    def draft_probs(self, req: Request) -> torch.Tensor | None:
+        """[len(req.spec_token_ids), vocab]: the distribution of the drafts the scheduler kept (it
+        trims from the end), row for row; None: one-hot drafts."""
+        planned = self._planned.get(req.request_id)
         if planned is None or planned.proposal is None or planned.proposal.probs is None:
             return None
-        return planned.proposal.probs
+        return planned.proposal.probs[: len(req.spec_token_ids)]
 
     def verified(self, req: Request, num_drafted: int, num_accepted: int, num_emitted: int, decoding: bool,
                  finished: bool) -> None:
