@@ -86,11 +86,12 @@ class AsyncEngine:
             if not finished:
                 self.abort(rid)
 
-    def _add(self, rid: str, prompt: str | list[int], params: SamplingParams, spec: SpecOptions | None) -> None:
+    def _add(self, rid: str, prompt: str | list[int], params: SamplingParams, spec: SpecOptions | None,
+             background: bool = False) -> None:
         with self._wake:
             assert self.engine is not None, "engine not ready"
-            req = self.engine.add_request(prompt, params, request_id=rid, speculative=spec)
-            if self.on_added is not None:
+            req = self.engine.add_request(prompt, params, request_id=rid, speculative=spec, background=background)
+            if self.on_added is not None and not background:
                 self.on_added(rid, req.prompt_token_ids, params, spec)
             self._wake.notify()
 
@@ -103,10 +104,7 @@ class AsyncEngine:
         whose outputs go to `on_finished` only, never to a client (shadow A/B copies). Blocks for a
         step; call it from the engine thread's hooks or a worker thread, never with the lock held.
         Raises ValueError / QueueFull (and queues nothing) on a bad request."""
-        with self._wake:
-            assert self.engine is not None, "engine not ready"
-            self.engine.add_request(prompt, params, request_id=request_id, speculative=spec, background=True)
-            self._wake.notify()
+        self._add(request_id, prompt, params, spec, background=True)
 
     def stats(self) -> EngineStats | None:
         """The engine's stats snapshot, taken between two steps; None while the models load."""
