@@ -91,6 +91,16 @@ class SpeculativeConfig:
     policy: str = "cost_model"             # "cost_model" | "heuristic" | "fixed"
     ngram_max: int = 4                     # prompt lookup: longest n-gram tried first
     ngram_min: int = 1
+    # suffix lookup (kinds suffix and hybrid): drafts up to suffix_max_tokens, no longer than
+    # suffix_spec_factor * match length + suffix_spec_offset, stopping where the estimated probability
+    # of the draft so far falls below suffix_min_prob; contexts matched up to suffix_max_depth tokens;
+    # finished outputs kept for every request up to suffix_cache_tokens (0: none; oldest out first)
+    suffix_max_tokens: int = 16
+    suffix_spec_factor: float = 1.0
+    suffix_spec_offset: float = 0.0
+    suffix_min_prob: float = 0.1
+    suffix_max_depth: int = 32
+    suffix_cache_tokens: int = 100_000
     acceptance_threshold: float = 0.4      # health check: rolling acceptance below this -> plain decoding
     health_window: int = 8                 # drafting steps in the rolling window
     reprobe_interval: int = 16             # plain steps between re-probes after a fallback
@@ -130,6 +140,14 @@ class SpeculativeConfig:
             raise ValueError(f"num_speculative_tokens must be in [0, 16], got {self.num_speculative_tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
+        if not 1 <= self.suffix_max_tokens <= 32:
+            raise ValueError(f"suffix_max_tokens must be in [1, 32], got {self.suffix_max_tokens}")
+        if self.suffix_spec_factor <= 0 or self.suffix_spec_offset < 0:
+            raise ValueError("suffix_spec_factor must be > 0 and suffix_spec_offset >= 0")
+        if not 0.0 <= self.suffix_min_prob <= 1.0:
+            raise ValueError(f"suffix_min_prob must be in [0, 1], got {self.suffix_min_prob}")
+        if self.suffix_max_depth < 1 or self.suffix_cache_tokens < 0:
+            raise ValueError("suffix_max_depth must be >= 1 and suffix_cache_tokens >= 0")
         if not 0.0 <= self.acceptance_threshold <= 1.0:
             raise ValueError("acceptance_threshold must be in [0, 1]")
         if not 0.0 <= self.min_gain < 1.0:
@@ -219,8 +237,9 @@ def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig]:
     speculation_length, max_batch_size, precision, cache_config.{draft,target}_cache_blocks, ...),
     plus optional `speculative` (policy and controller knobs) and `server` sections.
 
-    draft_model: a registry name or path (draft-model speculation), "ngram" (prompt lookup), or
-    null / "none" (plain decoding). Unknown keys are an error naming the key.
+    draft_model: a registry name or path (draft-model speculation), a model-free proposer kind
+    ("ngram": prompt lookup, "suffix": suffix decoding), "hybrid" / "hybrid:MODEL" (suffix or that
+    draft model, per step), or null / "none" (plain decoding). Unknown keys are an error naming the key.
     """
     import yaml
 

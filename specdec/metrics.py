@@ -17,6 +17,8 @@ class SpecStats:
     decode_tokens: int = 0        # tokens those forwards produced
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    free_drafted_tokens: int = 0  # drafts from a lookup, not a model forward (a hybrid's free share)
+    free_accepted_tokens: int = 0
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         self.drafted_tokens += num_drafted
@@ -93,6 +95,26 @@ class ProposerStats:
 
 
 @dataclass
+class CacheStats:
+    """A draft cache shared by an engine's requests (the suffix cache of finished outputs)."""
+    name: str
+    num_sequences: int
+    num_tokens: int
+    max_tokens: int          # the budget; the oldest sequences are evicted beyond it
+    num_index_entries: int
+    approx_bytes: int        # rough host memory of the tokens and their index
+    num_evicted: int = 0
+
+
+@dataclass
+class FreeDraftStats:
+    """Drafts a proposer took from a lookup rather than a model forward (the hybrid's free share)."""
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    rounds: int = 0          # verifications of such drafts
+
+
+@dataclass
 class SpeculationStats:
     default: str | None                       # the configured proposer's id
     proposers: list[ProposerStats]
@@ -104,6 +126,8 @@ class SpeculationStats:
     num_unloads: int = 0
     num_load_failures: int = 0
     num_proposer_errors: int = 0
+    caches: list[CacheStats] = field(default_factory=list)
+    free_drafts: dict[str, FreeDraftStats] = field(default_factory=dict)   # by proposer id
 
 
 @dataclass

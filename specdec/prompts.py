@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "bench" / "prompts"
-SETS = ("code_edit", "code_gen", "chat", "prose", "zh")  # every shipped set, in report order
+SETS = ("code_edit", "code_gen", "chat", "prose", "zh", "agentic")  # every shipped set, in report order
 
 
 def read_prompts_file(path: str) -> list[str]:

@@ -94,7 +94,7 @@ class RequestStats:
     tokens_per_second: float    # generated / seconds
     decode_tokens_per_second: float  # (generated - 1) / (seconds - ttft)
     precision: str
-    method: str = "none"        # "none" | "draft_model" | "ngram"
+    method: str = "none"        # "none", or the proposer kind: "draft_model", "ngram", "suffix", "hybrid", ...
     proposer: str | None = None
     proposers_used: list[str] = field(default_factory=list)  # more than one when the router switched
     domain: str | None = None   # the router's domain guess
@@ -103,6 +103,8 @@ class RequestStats:
     acceptance_rate: float | None = None   # accepted / drafted; None when nothing was drafted
     mean_accepted_length: float = 1.0      # tokens per decode-phase target forward
     per_position_acceptance: list[float] = field(default_factory=list)  # P(accept i | reached i)
+    free_drafted_tokens: int = 0           # of drafted_tokens: from a lookup, not a model (the hybrid's share)
+    free_accepted_tokens: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
 
@@ -132,6 +134,8 @@ class RequestStats:
             acceptance_rate=req.spec.acceptance_rate,
             mean_accepted_length=req.spec.mean_accepted_length,
             per_position_acceptance=req.spec.per_position_acceptance,
+            free_drafted_tokens=req.spec.free_drafted_tokens,
+            free_accepted_tokens=req.spec.free_accepted_tokens,
             draft_seconds=req.spec.draft_seconds,
             verify_seconds=req.spec.verify_seconds,
         )

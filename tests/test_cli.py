@@ -136,3 +136,17 @@ def test_entry_point_exit_code(tmp_path):
     r = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "--model", str(tmp_path / "x.gguf"), "hi"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and r.stdout == "" and "error:" in r.stderr
+
+
+def test_generate_a_session_with_suffix_and_hybrid(capsys, tiny_qwen, tiny_llama, tmp_path):
+    """--prompts-file runs the prompts in order through one engine: the suffix cache carries."""
+    pf = tmp_path / "session.jsonl"
+    pf.write_text('{"prompt": "a b c a b c a b"}\n{"prompt": "x y z"}\n{"prompt": "a b c a b c a b"}\n')
+    for extra in (["--spec", "suffix"], ["--spec", "hybrid", "--draft", tiny_llama]):
+        code, out, err = run(capsys, "generate", "--model", tiny_qwen, *extra, "--max-tokens", 8, "--ignore-eos",
+                             "--json", "--prompts-file", pf)
+        rows = [json.loads(line) for line in out.splitlines()]
+        assert code == 0 and len(rows) == 3 and rows[0]["token_ids"] == rows[2]["token_ids"]
+        assert {r["stats"]["method"] for r in rows} == {extra[1]}
+    code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--spec", "ngram", "--draft", tiny_llama, "x")
+    assert code != 0 and "uses none" in err

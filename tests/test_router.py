@@ -18,12 +18,12 @@ from specdec.speculation.router import DOMAINS, DraftRouter, guess_domain
 
 
 def test_domain_guess_on_the_shipped_sets():
-    for name in SETS:
+    for name in DOMAINS:   # every router domain has its set (agentic traffic mixes them)
         guesses = Counter(guess_domain(p) for p in read_prompts_file(str(PROMPTS_DIR / f"{name}.jsonl")))
         assert guesses[name] / sum(guesses.values()) >= 0.9, (name, guesses)
     templated = "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n写一首诗<|im_end|>\n"
     assert guess_domain(templated) == "zh"  # only the user turn counts
-    assert set(DOMAINS) == set(SETS)
+    assert set(DOMAINS) == set(SETS) - {"agentic"}
 
 
 def test_bandit_tries_each_then_follows_the_measured_gain():
@@ -158,7 +158,8 @@ def test_idle_drafts_unload(tiny_qwen, tiny_llama):
 
 def test_router_switches_a_request_whose_acceptance_collapses(tiny_qwen, tiny_llama, plain_llm):
     """n-gram lookup on text that never repeats accepts nothing: the health check trips and the
-    router hands the request to the draft model instead of decoding plainly."""
+    router hands the request to the next proposer in the domain's prior order (the suffix lookup,
+    which prices its own drafts) instead of decoding plainly."""
     cfg = engine_config(str(tiny_qwen))
     cfg.speculative = _spec(extra_drafts=[str(tiny_llama)], router=True, health_window=2,
                             acceptance_threshold=0.99)
@@ -171,5 +172,5 @@ def test_router_switches_a_request_whose_acceptance_collapses(tiny_qwen, tiny_ll
     assert guess_domain(prompt) == "code_edit"   # so the router starts with prompt lookup
     out = _run(llm, [prompt], params)[0]
     assert out.token_ids == plain_llm.generate([prompt], params)[0].token_ids
-    assert out.stats.proposers_used == ["ngram[1-4]", "tiny-llama.gguf"]
+    assert out.stats.proposers_used == ["ngram[1-4]", "suffix"]
     assert eng.speculator.router.num_switches == 1 and out.stats.domain == "code_edit"

@@ -386,3 +386,20 @@ def test_streams_match_the_non_streamed_responses(strict_server):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == chat.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == chat.choices[0].finish_reason
+
+
+def test_suffix_per_request_and_its_cache_on_metrics(strict_server):
+    """extra_body picks suffix decoding per request; the shared cache of finished outputs and the
+    lookup drafts show on /metrics, and the output is the plain one."""
+    c = strict_server.client()
+    ask = dict(model="m", prompt="red green blue red green blue red", max_tokens=8, temperature=0)
+    plain = c.completions.create(**ask, extra_body={"speculative": {"enabled": False}})
+    outs = [c.completions.create(**ask, extra_body={"speculative": {"method": "suffix"}}) for _ in range(2)]
+    assert all(o.choices[0].text == plain.choices[0].text for o in outs)
+    assert outs[1].model_extra["speculative"]["method"] == "suffix"
+    m = strict_server.wait_idle()
+    assert m['specdec_draft_cache_tokens{cache="suffix"}'] >= 3 * 8      # every finished output joins it
+    assert m['specdec_draft_cache_max_tokens{cache="suffix"}'] == 100_000
+    assert m['specdec_draft_cache_bytes{cache="suffix"}'] > 0
+    drafted = sum(o.model_extra["speculative"]["drafted_tokens"] for o in outs)
+    assert m.get('specdec_spec_free_drafted_tokens_total{proposer="suffix"}', 0) == drafted

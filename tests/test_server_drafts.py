@@ -63,7 +63,7 @@ def test_admin_needs_the_key(server, tiny_qwen, tmp_path):
     assert call(server, "/admin/drafts", {"action": "load", "model": "x"}, key="wrong")[0] == 401
     status, body = call(server, "/admin/drafts", {"action": "explode", "model": "x"})
     assert status == 400 and "action" in body["error"]["message"]
-    assert states(server) == {"ngram": "loaded", DRAFT: "unloaded"}
+    assert states(server) == {"ngram": "loaded", "suffix": "loaded", DRAFT: "unloaded"}
     keyless = ServerProcess(["--model", str(tiny_qwen), "--spec", "ngram", "--threads", "1"], tmp_path / "s.log")
     try:
         status, body = call(keyless, "/admin/drafts", key=None)

@@ -27,8 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", default="float32", choices=PRECISIONS)
     p.add_argument("--device", default="cpu")
     p.add_argument("--drafts", default=None,
-                   help="comma-separated: draft models (name or path), ngram, ngram:MIN-MAX "
-                        "(default: the target's registry draft, ngram)")
+                   help="comma-separated: draft models (name or path), ngram, ngram:MIN-MAX, suffix, hybrid, "
+                        "hybrid:MODEL (default: the target's registry draft, ngram, suffix)")
     p.add_argument("--sets", default=",".join(SETS))
     p.add_argument("--num-prompts", type=int, default=1, help="prompts per set")
     p.add_argument("--max-tokens", type=int, default=32)
@@ -40,7 +40,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_candidate(spec: str) -> tuple[str, dict]:
-    """'ngram' / 'ngram:2-4' -> n-gram settings; anything else names a draft model."""
+    """'ngram' / 'ngram:2-4' -> n-gram settings; another model-free kind ('suffix') -> that kind;
+    'hybrid' / 'hybrid:MODEL' -> the hybrid with that draft model (default: the registry's);
+    anything else names a draft model."""
+    from specdec.speculation import registry
+    if spec in registry.model_free_kinds() and spec != "ngram":
+        return spec, {}
+    kind, _, model = spec.partition(":")
+    if kind in registry.model_kinds() and kind != "draft_model":
+        return kind, {"draft_model": model or None}
     if spec == "ngram" or spec.startswith("ngram:"):
         lo, hi = 1, 4
         if ":" in spec:
@@ -75,16 +83,19 @@ def run_profile(a: argparse.Namespace) -> dict:
     sets = a.sets.split(",")
     if bad := sorted(set(sets) - set(SETS)):
         raise ValueError(f"unknown sets {bad}; choose from {', '.join(SETS)}")
-    drafts = a.drafts.split(",") if a.drafts else [d for d in (default_draft(a.model), "ngram") if d]
+    drafts = a.drafts.split(",") if a.drafts else [d for d in (default_draft(a.model), "ngram", "suffix") if d]
     candidates = [(spec, *parse_candidate(spec)) for spec in drafts]
     target = load_model(a.model, a.precision, a.device, progress=True)
-    loaded_drafts = {spec: load_model(kw["draft_model"], a.precision, a.device, progress=True)
-                     for spec, method, kw in candidates if method == "draft_model"}
+    for _, method, kw in candidates:  # the hybrid's default model: the registry's draft
+        if "draft_model" in kw and kw["draft_model"] is None:
+            kw["draft_model"] = default_draft(target.name)
+    loaded_drafts = {kw["draft_model"]: load_model(kw["draft_model"], a.precision, a.device, progress=True)
+                     for _, method, kw in candidates if kw.get("draft_model")}
 
     def engine(spec: SpeculativeConfig | None) -> LLM:
         cfg = EngineConfig(model=ModelConfig(model=target.name, precision=a.precision, device=a.device),
                            cache=CacheConfig(target_cache_blocks=512, draft_cache_blocks=512), speculative=spec)
-        draft = loaded_drafts.get(spec.draft_model) if spec and spec.method == "draft_model" else None
+        draft = loaded_drafts.get(spec.draft_model) if spec and spec.draft_model else None
         return LLM(config=cfg, loaded=target, draft_loaded=draft, progress=False)
 
     plain = engine(None)

@@ -62,12 +62,19 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                                           "with a sub-vocabulary arm"),
     "bench-spec-a16-xeon": ("2026-12-01", "xeon", "the default mode on a Xeon, three sets, 2 prompts each"),
     "bench-ngram-code-edit-48-a16-xeon": ("2026-12-01", "xeon", "prompt lookup on code edits, int4-a16, on a Xeon"),
+    "bench-suffix-xeon": ("2026-12-01", "xeon", "suffix decoding and the hybrid beside the draft model, four sets"),
+    "bench-suffix-codegen-xeon": ("2026-12-01", "xeon", "suffix, hybrid and draft model on 192-token code answers"),
+    "bench-agentic-xeon": ("2026-12-01", "xeon", "an agentic session in order (rewrites, tests, JSON, tool calls), "
+                           "requests ending at EOS"),
+    "bench-serve-agentic-xeon": ("2026-12-01", "xeon", "the agentic session under Poisson arrivals, plain and "
+                                 "suffix"),
 }
 ARM_LABELS = {
     "plain": "plain", "draft_fixed": "draft, fixed k", "draft_cost_model": "draft, cost model",
     "ngram": "n-gram, cost model", "ngram_fixed": "n-gram, fixed k",
     "draft_subvocab_fixed": "draft (32k sub-vocabulary), fixed k",
     "draft_subvocab_cost_model": "draft (32k sub-vocabulary), cost model",
+    "suffix": "suffix", "hybrid": "hybrid (suffix or draft)",
 }
 
 
@@ -139,7 +146,7 @@ def spec_command(data: dict) -> str:
     parts += [f"--sets {','.join(summary)}", f"--num-prompts {data['num_prompts_per_set']}",
               f"--repeats {data['repeats']}", f"--max-tokens {data['max_tokens']}", f"--arms {','.join(arms)}",
               f"-k {data['k']}"] + ([f"--peers {','.join(peers)}"] if peers else [])
-    return " ".join(parts)
+    return " ".join(parts + (["--until-eos"] if data.get("until_eos") else []))
 
 
 def precision_command(data: dict) -> str:
@@ -153,7 +160,8 @@ def serve_command(data: dict) -> str:
     return (f"specdec bench serve --precision {data['precision']} --arms {','.join(data['results'])} "
             f"--rates {','.join(map(str, data['rates']))} --num-requests {data['num_requests_per_rate']} "
             f"--max-tokens {data['max_tokens']} -k {data['k']} --max-batch-size {data['max_batch_size']} "
-            f"--policy {data['policy']}")
+            f"--policy {data['policy']}" + (f" --sets {data['sets']}" if "sets" in data else "")
+            + (" --in-order" if data.get("in_order") else "") + (" --until-eos" if data.get("until_eos") else ""))
 
 
 def steps_command(data: dict) -> str:
@@ -312,13 +320,14 @@ def history_row(root: Path, doc: Path, stem: str, data: dict) -> list[str]:
     return [date, MACHINES[machine][0], source_link(root, doc, stem), what, prec, sets,
             span(ours) + ("" if decode else " *"), span(theirs),
             span([o / t for o, t in zip(ours, theirs)]) if theirs else "—",
-            span(med("draft_cost_model", sp), suffix="×"), span(med("ngram", sp), suffix="×")]
+            span(med("draft_cost_model", sp), suffix="×"), span(med("ngram", sp), suffix="×"),
+            span(med("suffix", sp), suffix="×")]
 
 
 def view_history(root: Path, doc: Path) -> str:
     """Every arm sweep, oldest first: the ranges over sets of each median."""
     header = ["date", "machine", "results", "what changed", "target / draft", "sets", "plain tok/s",
-              "llama.cpp tok/s", "plain / llama.cpp", "draft, cost model", "n-gram, cost model"]
+              "llama.cpp tok/s", "plain / llama.cpp", "draft, cost model", "n-gram, cost model", "suffix"]
     rows = []
     for stem in SOURCES:
         path = root / "docs" / "results" / f"{stem}.json"

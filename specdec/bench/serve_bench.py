@@ -24,8 +24,6 @@ from specdec.fileio import atomic_write_text
 from specdec.prompts import read_set
 from specdec.sampling_params import SamplingParams
 
-SETS = ("code_gen", "chat", "prose", "code_edit", "zh")  # the request pool, in this order (then shuffled)
-
 
 def _percentile(values: list[float], q: float) -> float | None:
     if not values:
@@ -39,13 +37,13 @@ def _arms(a) -> dict[str, SpeculativeConfig | None]:
     for name in a.arms.split(","):
         if name == "plain":
             continue
-        if name == "ngram":
-            arms[name] = SpeculativeConfig(method="ngram", num_speculative_tokens=a.k, policy=a.policy)
-        elif name == "draft":
-            arms[name] = SpeculativeConfig(method="draft_model", draft_model=a.draft, num_speculative_tokens=a.k,
-                                           policy=a.policy)
+        if name in ("ngram", "suffix"):
+            arms[name] = SpeculativeConfig(method=name, num_speculative_tokens=a.k, policy=a.policy)
+        elif name in ("draft", "hybrid"):
+            arms[name] = SpeculativeConfig(method="draft_model" if name == "draft" else name, draft_model=a.draft,
+                                           num_speculative_tokens=a.k, policy=a.policy)
         else:
-            raise ValueError(f"unknown serve-bench arm {name!r} (plain, draft, ngram)")
+            raise ValueError(f"unknown serve-bench arm {name!r} (plain, draft, ngram, suffix, hybrid)")
     return arms
 
 
@@ -105,15 +103,16 @@ def run_serve_bench(a) -> dict:
     arms = _arms(a)
     precision, draft_precision = resolve_precisions(a.model, a.precision, a.device, a.draft, a.draft_precision)
     target = load_model(a.model, precision, a.device)
-    if "draft" in arms:
-        arms["draft"].draft_model = arms["draft"].draft_model or default_draft(target.name)
-        if arms["draft"].draft_model is None:
-            raise ValueError(f"{target.name} has no default draft: pass --draft or drop the draft arm")
-    draft = (load_model(arms["draft"].draft_model, draft_precision, a.device)
-             if "draft" in arms else None)
+    with_draft = [n for n in ("draft", "hybrid") if n in arms]
+    for name in with_draft:
+        arms[name].draft_model = arms[name].draft_model or default_draft(target.name)
+        if arms[name].draft_model is None:
+            raise ValueError(f"{target.name} has no default draft: pass --draft or drop the draft and hybrid arms")
+    draft = load_model(arms[with_draft[0]].draft_model, draft_precision, a.device) if with_draft else None
     tok = target.tokenizer
-    pool = [p for s in SETS for p in read_set(s)]
-    random.Random(a.seed).shuffle(pool)
+    pool = [p for s in a.sets.split(",") for p in read_set(s)]
+    if not a.in_order:
+        random.Random(a.seed).shuffle(pool)
     engines = {}
     for name, spec in arms.items():
         cfg = EngineConfig(model=ModelConfig(model=target.name, precision=precision, device=a.device,
@@ -121,7 +120,7 @@ def run_serve_bench(a) -> dict:
                            cache=CacheConfig(enable_prefix_caching=False),
                            scheduler=SchedulerConfig(max_batch_size=a.max_batch_size), speculative=spec)
         engines[name] = LLMEngine(cfg, progress=False, loaded=target, draft_loaded=draft)
-    params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
+    params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=not a.until_eos)
     results: dict[str, dict[str, dict]] = {name: {} for name in arms}
     bar = tqdm(total=len(rates) * len(arms), desc="bench serve", file=sys.stderr)
     for ri, rate in enumerate(rates):
@@ -144,7 +143,9 @@ def run_serve_bench(a) -> dict:
               "draft_precision": draft.precision if draft else None,
               "device": a.device, "k": a.k, "policy": a.policy, "max_tokens": a.max_tokens,
               "num_requests_per_rate": a.num_requests, "max_batch_size": a.max_batch_size, "rates": rates,
-              "results": results}
+              "sets": a.sets, "in_order": a.in_order, "until_eos": a.until_eos,
+              # one engine per arm serves every rate in turn: shared caches carry from one rate to the next
+              "session": "one engine per arm across all rates", "results": results}
     atomic_write_text(Path(a.out), json.dumps(report, indent=1))
     if a.plot:
         plot(report, Path(a.plot))

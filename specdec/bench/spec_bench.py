@@ -32,11 +32,15 @@ ARMS = {
     "draft_cost_model": ("draft_model", "cost_model"),
     "ngram": ("ngram", "cost_model"),
     "ngram_fixed": ("ngram", "fixed"),
+    "suffix": ("suffix", "cost_model"),
+    "hybrid": ("hybrid", "cost_model"),
     # the draft model scoring a 32k-token sub-vocabulary (speculation/proposers/subvocab.py)
     "draft_subvocab_fixed": ("draft_model", "fixed"),
     "draft_subvocab_cost_model": ("draft_model", "cost_model"),
 }
 SUBVOCAB_SIZE = 32768
+SESSION = ("each arm is one engine; within a repeat every set's prompts run through it in file order, so the "
+           "suffix cache of finished outputs warms as in a session; shared caches are cleared at each repeat")
 
 
 def _arm_llm(name: str, a, target, draft):
@@ -45,7 +49,7 @@ def _arm_llm(name: str, a, target, draft):
     spec = None
     if ARMS[name] is not None:
         method, policy = ARMS[name]
-        spec = SpeculativeConfig(method=method, draft_model=draft.name if method == "draft_model" else None,
+        spec = SpeculativeConfig(method=method, draft_model=draft.name if _needs_draft(name) else None,
                                  num_speculative_tokens=a.k, policy=policy,
                                  draft_vocab_size=SUBVOCAB_SIZE if "subvocab" in name else None,
                                  draft_precision=draft.precision if draft else None)
@@ -54,8 +58,12 @@ def _arm_llm(name: str, a, target, draft):
                        # no prefix cache: every run prefills its prompt, as every peer's run does
                        cache=CacheConfig(target_cache_blocks=512, draft_cache_blocks=512, enable_prefix_caching=False),
                        speculative=spec)
-    return LLM(config=cfg, loaded=target, draft_loaded=draft if spec and spec.method == "draft_model" else None,
-               progress=False)
+    return LLM(config=cfg, loaded=target, draft_loaded=draft if _needs_draft(name) else None, progress=False)
+
+
+def _needs_draft(arm: str) -> bool:
+    from specdec.speculation import registry
+    return ARMS[arm] is not None and registry.get(ARMS[arm][0]).needs_model
 
 
 def run_spec_bench(a) -> dict:
@@ -75,7 +83,7 @@ def run_spec_bench(a) -> dict:
     target = load_model(a.model, precision, a.device)
     load_seconds = time.perf_counter() - t0
     draft_name = a.draft or default_draft(target.name)
-    needs_draft = any(ARMS[x] and ARMS[x][0] == "draft_model" for x in arms)
+    needs_draft = any(_needs_draft(x) for x in arms)
     if (needs_draft or "transformers_assisted" in peer_names) and not draft_name:
         raise ValueError(f"{a.model} has no default draft: pass --draft or drop the draft arms and transformers_assisted")
     draft = load_model(draft_name, draft_precision, a.device) if needs_draft else None
@@ -83,7 +91,7 @@ def run_spec_bench(a) -> dict:
     tok = target.tokenizer
     prompts = {s: [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
                    for p in read_set(s)[: a.num_prompts]] for s in sets}
-    params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
+    params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=not a.until_eos)
     num_threads = a.threads or os.cpu_count() or 1  # what our arms may use: --threads, else every core
     roof = ceiling(measure_read_bandwidth(num_threads=num_threads), target.weights, target.config.tie_embeddings,
                    target.path)
@@ -99,12 +107,14 @@ def run_spec_bench(a) -> dict:
     summary = _summarize(runs, sets, names)
     report = {"model": target.name, "draft": draft.name if draft else None, "precision": precision,
               "draft_precision": draft.precision if draft else None,
-              "device": a.device, "k": a.k, "max_tokens": a.max_tokens, "repeats": a.repeats,
+              "device": a.device, "k": a.k, "max_tokens": a.max_tokens, "until_eos": a.until_eos,
+              "repeats": a.repeats,
               "num_prompts_per_set": a.num_prompts, "load_seconds": load_seconds, "threads": num_threads,
               "peers": {n: {"load_seconds": p.load_seconds, "version": getattr(p, "version", None)}
                         for n, p in peers.items()},
               "bandwidth_gb_s": roof["bandwidth_gb_s"], "ceiling_tokens_per_second": roof["ceiling_tokens_per_second"],
               "ceiling": roof,
+              "session": SESSION, "measured_costs": _measured_costs(llms),
               "noisy_runs": sum(r["noisy"] for r in runs), "summary": summary, "runs": runs}
     atomic_write_text(Path(a.out), json.dumps(report, indent=1))
     if a.plot:
@@ -121,6 +131,19 @@ def run_spec_bench(a) -> dict:
     return report
 
 
+def _measured_costs(llms: dict) -> dict:
+    """What each speculative arm's cost model measured by the end: seconds of one draft step and of
+    target forwards verifying 1, 2, ... rows, per proposer (the costs its choices were made with)."""
+    from dataclasses import asdict
+    out = {}
+    for arm, llm in llms.items():
+        spec = llm.engine.stats().speculation
+        if spec is not None:
+            out[arm] = [{k: v for k, v in asdict(p).items() if k in ("id", "draft_step_seconds", "verify_seconds")}
+                        for p in spec.proposers]
+    return out
+
+
 def _sweep(a, names: list[str], llms: dict, peers: dict, prompts: dict[str, list[list[int]]],
            params: SamplingParams) -> list[dict]:
     """Every repeat, set, prompt, then arm and peer in turn: one row each."""
@@ -128,6 +151,9 @@ def _sweep(a, names: list[str], llms: dict, peers: dict, prompts: dict[str, list
     runs = []
     bar = tqdm(total=a.repeats * sum(len(v) for v in prompts.values()) * len(names), desc="bench", file=sys.stderr)
     for rep in range(a.repeats):
+        for llm in llms.values():  # every repeat is a fresh session for the shared caches
+            if llm.engine.speculator is not None:
+                llm.engine.speculator.clear_caches()
         for s, set_prompts in prompts.items():
             for i, ids in enumerate(set_prompts):
                 outs = {}

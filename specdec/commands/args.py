@@ -53,8 +53,9 @@ def sampling_params(a: argparse.Namespace) -> SamplingParams:
 def add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     """--draft | --spec | --no-spec, -k, --spec-policy, --draft-vocab, --draft-precision,
     --spec-deterministic. defaults=False leaves k and the policy unset unless given."""
+    p.add_argument("--draft", help="draft model (registry name or path): draft-model speculation, or the model "
+                                   "draft of --spec hybrid")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--draft", help="draft model (registry name or path) for draft-model speculation")
     g.add_argument("--spec", choices=registry.kinds(), help="speculation method: " + "; ".join(
         f"{k}: {registry.get(k).description}" for k in registry.kinds()))
     g.add_argument("--no-spec", action="store_true", help="plain decoding (k = 0 throughout)")
@@ -76,10 +77,14 @@ def speculative_config(a: argparse.Namespace, model: str | None = None) -> Specu
     from specdec.models.registry import default_draft
     model = model or a.model
     if a.no_spec:
+        if a.draft:
+            raise ValueError("--draft and --no-spec contradict each other")
         return None
     method, draft = a.spec, a.draft
     if draft:
-        method = "draft_model"
+        if method is not None and not registry.get(method).needs_model:
+            raise ValueError(f"--draft names a model, but --spec {method} uses none")
+        method = method or "draft_model"
     elif method is None:
         draft = default_draft(model)
         method = "draft_model" if draft else "ngram"

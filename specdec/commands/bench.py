@@ -6,12 +6,12 @@ import argparse
 
 from specdec.commands.args import DRAFT_PRECISION_HELP, add_model_args
 from specdec.config import PRECISIONS, SPEC_POLICIES
-from specdec.prompts import set_path
+from specdec.prompts import SETS, set_path
 
 MODES = ("spec", "decode", "serve", "precision", "threads", "steps")
 _OUTPUTS = {"precision": "bench-precision", "threads": "bench-threads", "steps": "bench-steps",
             "serve": "bench-serve"}  # default --out / --plot stems; the others write bench.json / bench.png
-_ARMS = {"serve": "plain,draft", "spec": "plain,draft_fixed,draft_cost_model,ngram"}
+_ARMS = {"serve": "plain,draft", "spec": "plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,14 +23,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(b)
     b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
     b.add_argument("--draft-precision", choices=PRECISIONS, default=None, help=DRAFT_PRECISION_HELP)
-    b.add_argument("--arms", default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram[,ngram_fixed]; "
-                                                "serve: plain,draft[,ngram]")
-    b.add_argument("--sets", default="code_edit,code_gen,chat,prose,zh")
+    b.add_argument("--arms", default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid"
+                                                "[,ngram_fixed]; serve: plain,draft[,ngram,suffix,hybrid]")
+    b.add_argument("--sets", default=",".join(SETS),
+                   help="prompt sets (spec: each run in file order through one engine per arm; serve: the "
+                        "request pool, shuffled unless --in-order)")
     b.add_argument("-k", type=int, default=4)
     b.add_argument("--prompts-file", default=str(set_path("code_gen")), help="decode mode: the prompt set")
     b.add_argument("--num-prompts", type=int, default=3, help="prompts per set")
     b.add_argument("--max-tokens", type=int, default=64)
     b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--until-eos", action="store_true",
+                   help="spec, serve: a request ends at EOS as a client's would (--max-tokens is the cap); "
+                        "default: every request generates --max-tokens (peers always do)")
     b.add_argument("--out", default="bench.json")
     b.add_argument("--plot", default="bench.png", help="PNG plot (spec mode); empty for none")
     _add_mode_args(b)
@@ -50,6 +55,8 @@ def _add_mode_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--num-requests", type=int, default=8, help="serve: requests per rate")
     b.add_argument("--max-prompt-tokens", type=int, default=256, help="serve: prompts are cut to this")
     b.add_argument("--max-batch-size", type=int, default=8, help="serve: running requests")
+    b.add_argument("--in-order", action="store_true",
+                   help="serve: requests arrive in file order (a session), not shuffled")
     b.add_argument("--policy", choices=SPEC_POLICIES, default="cost_model", help="serve: speculation policy")
     b.add_argument("--seed", type=int, default=0, help="serve: arrivals and prompt choice")
     b.add_argument("--shape", default="17920x1536",

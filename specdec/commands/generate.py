@@ -92,6 +92,8 @@ def _stats_line(s) -> str:
         rate = "n/a" if s.acceptance_rate is None else f"{s.acceptance_rate:.2f}"
         line += (f", {s.method} {s.proposer}: acceptance {rate}, {s.mean_accepted_length:.2f} tokens/forward, "
                  f"drafted {s.drafted_tokens}, accepted {s.accepted_tokens}")
+        if s.method == "hybrid" and s.drafted_tokens:
+            line += f" ({s.free_drafted_tokens} drafted and {s.free_accepted_tokens} accepted from the suffix lookup)"
     return line
 
 

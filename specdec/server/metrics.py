@@ -63,6 +63,7 @@ class _EngineCollector:
         yield from _health_families(spec)
         yield from _draft_families(spec)
         yield from _router_families(spec)
+        yield from _cache_families(spec)
 
 
 def _engine_families(s: EngineStats, proposer_errors: int) -> Iterator[Metric]:
@@ -151,6 +152,33 @@ def _router_families(spec: SpeculationStats | None) -> Iterator[Metric]:
     yield from (gain, choices, _counter("specdec_router_switches", "Router: mid-request switches after an "
                                                                    "acceptance collapse",
                                         spec.num_router_switches if spec else 0))
+
+
+def _cache_families(spec: SpeculationStats | None) -> Iterator[Metric]:
+    """Shared draft caches (size and memory) and the drafts proposers took from lookups."""
+    tokens = GaugeMetricFamily("specdec_draft_cache_tokens", "Tokens held by a shared draft cache", labels=["cache"])
+    budget = GaugeMetricFamily("specdec_draft_cache_max_tokens", "A shared draft cache's token budget",
+                               labels=["cache"])
+    memory = GaugeMetricFamily("specdec_draft_cache_bytes", "Approximate host memory of a shared draft cache",
+                               labels=["cache"])
+    seqs = GaugeMetricFamily("specdec_draft_cache_sequences", "Finished outputs held by a shared draft cache",
+                             labels=["cache"])
+    evicted = CounterMetricFamily("specdec_draft_cache_evictions", "Outputs evicted from a shared draft cache",
+                                  labels=["cache"])
+    for c in spec.caches if spec else ():
+        tokens.add_metric([c.name], c.num_tokens)
+        budget.add_metric([c.name], c.max_tokens)
+        memory.add_metric([c.name], c.approx_bytes)
+        seqs.add_metric([c.name], c.num_sequences)
+        evicted.add_metric([c.name], c.num_evicted)
+    free_d = CounterMetricFamily("specdec_spec_free_drafted_tokens", "Draft tokens taken from a lookup, not a "
+                                 "model forward (part of specdec_spec_drafted_tokens)", labels=["proposer"])
+    free_a = CounterMetricFamily("specdec_spec_free_accepted_tokens", "Accepted draft tokens taken from a lookup",
+                                 labels=["proposer"])
+    for name, st in (spec.free_drafts if spec else {}).items():
+        free_d.add_metric([name], st.drafted_tokens)
+        free_a.add_metric([name], st.accepted_tokens)
+    yield from (tokens, budget, memory, seqs, evicted, free_d, free_a)
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -43,7 +43,9 @@ def spec_summary(outs: list[RequestOutput]) -> dict:
             "proposers_used": _proposers_used(outs),
             "domain": outs[0].stats.domain if outs else None,
             "drafted_tokens": drafted, "accepted_tokens": accepted,
-            "acceptance_rate": accepted / drafted if drafted else None, "mean_accepted_length": mal}
+            "acceptance_rate": accepted / drafted if drafted else None, "mean_accepted_length": mal,
+            "free_drafted_tokens": sum(o.stats.free_drafted_tokens for o in outs),
+            "free_accepted_tokens": sum(o.stats.free_accepted_tokens for o in outs)}
 
 
 def completion_logprobs(tok: Decoder, out: RequestOutput) -> dict | None:

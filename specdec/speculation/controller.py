@@ -89,17 +89,21 @@ class RequestSpecState:
 
 class SpecController:
     def __init__(self, config: SpeculativeConfig, draft_cost_ratio: float | None = None,
-                 row_align: int = ROW_ALIGN, draft_row_align: int | None = None) -> None:
+                 row_align: int = ROW_ALIGN, draft_row_align: int | None = None,
+                 verify_costs: CostTable | None = None) -> None:
         """`draft_cost_ratio`: this proposer's static t_draft / t_target (n-gram lookup: ~0),
         overriding the config's, which describes a draft model. `row_align`: the target runner's row
-        padding (1 where every extra row costs); `draft_row_align`: the draft's (default the same)."""
+        padding (1 where every extra row costs); `draft_row_align`: the draft's (default the same).
+        `verify_costs`: the target's forward costs, a table shared with the engine's other
+        controllers (default: its own)."""
         self.config = config
         self.draft_cost_ratio = config.draft_cost_ratio if draft_cost_ratio is None else draft_cost_ratio
         self.max_k = config.num_speculative_tokens
         self.states: dict[str, RequestSpecState] = {}
         # rows in the draft forward -> seconds per step
         self.draft_costs = CostTable(row_align=row_align if draft_row_align is None else draft_row_align)
-        self.verify_costs = CostTable(row_align=row_align)  # rows in the target forward -> seconds
+        # rows in the target forward -> seconds
+        self.verify_costs = verify_costs if verify_costs is not None else CostTable(row_align=row_align)
         # k -> EMA of (whole decode step's wall seconds) / (its predicted forward seconds)
         self.step_ratio: dict[int, float] = {}
         self._last_spec_ratio: float | None = None
@@ -367,6 +371,10 @@ class SpecController:
 
     def disable(self, request_id: str) -> None:
         self._state(request_id).disabled = True
+
+    def is_disabled(self, request_id: str) -> bool:
+        st = self.states.get(request_id)
+        return st is not None and st.disabled
 
     def free(self, request_id: str) -> None:
         self.states.pop(request_id, None)

@@ -57,3 +57,27 @@ class CostTable:
     def prefill(self, rows: int) -> float | None:
         """Cost of a long forward, once some forward of >= 16 rows was measured."""
         return self.estimate(rows) if any(r >= 16 for r in self.seconds) else None
+
+
+class OutputLengths:
+    """How long outputs of a domain run, from the requests that finished (the last `window`): a
+    draft model's one-time catch-up is worth paying only over the tokens a request will still
+    generate, and a request without ignore_eos usually stops long before max_tokens (a tool call
+    after 30 tokens, say)."""
+
+    def __init__(self, window: int = 32) -> None:
+        self.window = window
+        self._seen: dict[str | None, deque] = {}
+
+    def record(self, domain: str | None, num_tokens: int) -> None:
+        self._seen.setdefault(domain, deque(maxlen=self.window)).append(num_tokens)
+
+    def expected_remaining(self, domain: str | None, generated: int, remaining: int) -> int:
+        """Tokens a request that generated `generated` is expected to add, at most `remaining` (its
+        cap): the domain's median length minus what it has, or once past that median as many again
+        as it has (a long answer tends to go on); the cap while nothing is known."""
+        seen = self._seen.get(domain)
+        if not seen:
+            return remaining
+        typical = sorted(seen)[len(seen) // 2]
+        return max(1, min(remaining, typical - generated if generated < typical else generated))

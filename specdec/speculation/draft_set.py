@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from specdec.config import EngineConfig
@@ -27,7 +28,8 @@ from specdec.request import Request
 from specdec.quant.layers import row_align
 from specdec.speculation import registry
 from specdec.speculation.controller import SpecController
-from specdec.speculation.proposers.base import BuildContext, Proposer
+from specdec.speculation.costs import CostTable
+from specdec.speculation.proposers.base import BuildContext, Proposer, SharedCache
 from specdec.speculation.router import DraftRouter
 
 log = logging.getLogger("specdec.speculation")
@@ -56,20 +58,28 @@ class DraftSet:
         self.num_loads = self.num_unloads = self.num_load_failures = 0
         self._loading: dict[str, Future] = {}
         self._executor: ThreadPoolExecutor | None = None
+        # the target's forward seconds by row count: one table for every controller and proposer
+        self.verify_costs = CostTable(row_align=row_align(config.model.precision, config.model.device))
+        # caches shared by all requests (the suffix cache of finished outputs): they outlive proposers
+        self.shared: dict[str, SharedCache] = {}
         self.default_id = spec.method
         if registry.get(spec.method).needs_model:
-            proposer = registry.get(spec.method).build(
-                BuildContext(config, target, max_model_len, draft_loaded, progress))
+            proposer = registry.get(spec.method).build(self._context(config, draft_loaded, progress))
             self.default_id = proposer.name
-            self.models[proposer.name] = spec.draft_model or proposer.name
+            self.models[proposer.name] = spec.draft_model or model_registry.default_draft(target.name) or proposer.name
             self.pinned.add(proposer.name)
             self._install(proposer.name, spec.method, proposer)
         for kind in registry.model_free_kinds():  # no weights: always loaded
-            self._install(kind, kind, registry.get(kind).build(BuildContext(config, target, max_model_len)))
+            self._install(kind, kind, registry.get(kind).build(self._context(config)))
         for model in spec.extra_drafts:
             self.kinds.setdefault(draft_id(model), registry.model_kinds()[0])
             self.models.setdefault(draft_id(model), model)
         self._sync_pools()
+
+    def _context(self, config: EngineConfig, draft_loaded: LoadedModel | None = None,
+                 progress: bool = False) -> BuildContext:
+        return BuildContext(config, self.target, self.max_model_len, draft_loaded, progress, self.verify_costs,
+                            self.shared)
 
     # ---- queries ------------------------------------------------------------------------------
     def resolve(self, method: str) -> str:
@@ -134,12 +144,9 @@ class DraftSet:
         spec = config.speculative
         assert spec is not None
         lazy = EngineConfig(model=config.model, cache=config.cache, scheduler=config.scheduler,
-                            speculative=type(spec)(method=kind, draft_model=model,
-                                                   num_speculative_tokens=spec.num_speculative_tokens,
-                                                   draft_vocab_size=spec.draft_vocab_size))
+                            speculative=replace(spec, method=kind, draft_model=model, extra_drafts=[]))
         log.info("loading draft %s from %s", proposer_id, model)
-        self._loading[proposer_id] = self._executor.submit(
-            registry.get(kind).build, BuildContext(lazy, self.target, self.max_model_len, progress=False))
+        self._loading[proposer_id] = self._executor.submit(registry.get(kind).build, self._context(lazy))
 
     def poll(self) -> tuple[list[str], list[str]]:
         """Install finished loads and report failed ones. Returns (ids installed, ids failed)."""
@@ -198,7 +205,8 @@ class DraftSet:
         # a draft model's own forward (maybe in another precision) pads its rows its own way
         draft_align = proposer.row_align if entry.has_kv_pool else None
         self.controllers[proposer_id] = SpecController(self.config.speculative, draft_cost_ratio=entry.cost_hint,
-                                                       row_align=align, draft_row_align=draft_align)
+                                                       row_align=align, draft_row_align=draft_align,
+                                                       verify_costs=self.verify_costs)
         self.last_used[proposer_id] = time.monotonic()
 
     def _check_unloadable(self, proposer_id: str, reference: str) -> None:

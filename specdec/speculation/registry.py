@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from specdec.config import SpeculativeConfig
 
-from specdec.speculation.proposers import draft_model, ngram
+from specdec.speculation.proposers import draft_model, hybrid, ngram, suffix
 from specdec.speculation.proposers.base import BuildContext, Proposer
 
 
@@ -29,6 +29,9 @@ class ProposerKind:
     cost_hint: float | None = None
     # domains where the router tries it before anything else, until gains are measured
     preferred_domains: tuple[str, ...] = ()
+    # decides itself how many tokens to draft (up to the engine's cap) for every decoding request,
+    # rather than the controller's k (see proposers/base.py)
+    sizes_own_drafts: bool = False
 
 
 _KINDS: dict[str, ProposerKind] = {}
@@ -53,11 +56,16 @@ def get(kind: str) -> ProposerKind:
 
 
 def resolve_config(spec: SpeculativeConfig) -> SpeculativeConfig:
-    """Check the method against the registry; a model reference that names a model-free kind
-    (`draft_model: ngram` in a YAML file) selects that kind. Raises ValueError."""
+    """Check the method against the registry; a model reference that names another kind selects
+    it (`draft_model: suffix` in a YAML file; `hybrid` or `hybrid:MODEL` for a kind with a model).
+    Raises ValueError."""
     entry = get(spec.method)
-    if entry.needs_model and spec.draft_model in _KINDS and not _KINDS[spec.draft_model].needs_model:
-        return replace(spec, method=spec.draft_model, draft_model=None)
+    kind, _, model = (spec.draft_model or "").partition(":")
+    if entry.needs_model and kind in _KINDS and kind != spec.method:
+        if not _KINDS[kind].needs_model and not model:
+            return replace(spec, method=kind, draft_model=None)
+        if _KINDS[kind].needs_model:
+            return replace(spec, method=kind, draft_model=model or None)
     return spec
 
 
@@ -75,5 +83,9 @@ def model_kinds() -> list[str]:
 
 register(ProposerKind("draft_model", draft_model.build, "a smaller model of the same vocabulary (or self:...)",
                       needs_model=True, has_kv_pool=True))
+register(ProposerKind("hybrid", hybrid.build, "suffix lookup or the draft model, whichever the cost model prices "
+                      "higher per step", needs_model=True, has_kv_pool=True, sizes_own_drafts=True))
 register(ProposerKind("ngram", ngram.build, "n-gram prompt lookup (no model)", needs_model=False, cost_hint=0.01,
                       preferred_domains=("code_edit",)))
+register(ProposerKind("suffix", suffix.build, "suffix lookup in the prompt, the output and earlier outputs (no model)",
+                      needs_model=False, cost_hint=0.01, preferred_domains=("code_edit",), sizes_own_drafts=True))

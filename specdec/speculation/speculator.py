@@ -27,15 +27,18 @@ import torch
 from specdec.config import EngineConfig
 from specdec.core.kv_cache_manager import KVCacheManager
 from specdec.core.outputs import ModelRunnerOutput, SchedulerOutput
-from specdec.metrics import DraftStatus, PoolStats, ProposerStats, SpeculationStats
+from specdec.metrics import DraftStatus, FreeDraftStats, PoolStats, ProposerStats, SpeculationStats
 from specdec.models.loader import LoadedModel
-from specdec.request import Request, SpecOptions
+from specdec.request import Request, RequestStatus, SpecOptions
+from specdec.speculation import registry
 from specdec.speculation.controller import SpecController
+from specdec.speculation.costs import OutputLengths
 from specdec.speculation.draft_set import DraftSet
 from specdec.speculation.proposers.base import DraftProposal, Drafts, Proposer
 from specdec.speculation.router import DraftRouter, guess_domain
 
 log = logging.getLogger("specdec.speculation")
+_PROMPT_TAIL = 8   # prompt tokens kept before an output in the shared caches
 
 
 @dataclass
@@ -43,6 +46,8 @@ class _Planned:
     proposer_id: str
     catch_up: int             # committed tokens the proposer had not processed
     num_emitted_before: int   # the request's output length when the step began
+    cap: int = 0              # the most drafts it may propose this step
+    own: bool = False         # its proposer sizes its own drafts: charged for what it drafted
     proposal: DraftProposal | None = None
 
 
@@ -52,8 +57,13 @@ class Speculator:
         assert config.speculative is not None
         self.max_model_len = max_model_len
         self.drafts = DraftSet(config, target, max_model_len, draft_loaded, progress)
-        self.reserve = config.speculative.num_speculative_tokens
+        spec = config.speculative
+        # KV slots the scheduler keeps per request for drafts: the model's k, or a lookup's longer drafts
+        self.reserve = max(spec.num_speculative_tokens, spec.suffix_max_tokens)
+        self.max_free = spec.suffix_max_tokens
         self.num_proposer_errors = 0
+        self.free_drafts: dict[str, FreeDraftStats] = {}
+        self.lengths = OutputLengths()   # finished outputs' lengths by domain: what `remaining` expects
         self._planned: dict[str, _Planned] = {}
         self._explored = False   # a draft forward of this step ran on a thread count being tried
 
@@ -120,10 +130,18 @@ class Speculator:
         self._planned = self._plan(running)
         by_proposer: dict[str, list[Request]] = {}
         for req in running:
-            if req.num_spec_tokens:
+            planned = self._planned.get(req.request_id)
+            if planned is not None and planned.cap:
                 by_proposer.setdefault(req.spec_method, []).append(req)
         for proposer_id, reqs in by_proposer.items():
             self._propose_with(proposer_id, reqs)
+        for req in running:   # the router's cost of a request: what was actually drafted
+            planned = self._planned.get(req.request_id)
+            if planned is not None and planned.own:
+                prop = planned.proposal
+                drafted = len(prop.token_ids) if prop is not None else 0
+                catch_up = planned.catch_up if prop is not None and not prop.free else 0
+                self.drafts.controllers[planned.proposer_id].charge(req.request_id, drafted, len(running), catch_up)
 
     def _plan(self, running: list[Request]) -> dict[str, _Planned]:
         planned: dict[str, _Planned] = {}
@@ -135,22 +153,30 @@ class Speculator:
                 continue  # plain decoding, its draft still loading, or still prefilling
             controller = self.drafts.controllers[pid]
             remaining = min(req.params.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens)
-            k = catch_up = 0
+            own = registry.get(self.drafts.kinds[pid]).sizes_own_drafts
+            k = catch_up = cap = 0
             if remaining > 1:
                 catch_up = self.drafts.proposers[pid].catch_up_tokens(req)
-                k = controller.next_k(req.request_id, len(req.output_token_ids), batch, remaining, catch_up,
+                expected = remaining if req.params.ignore_eos else self.lengths.expected_remaining(
+                    req.spec_domain, len(req.output_token_ids), remaining)
+                k = controller.next_k(req.request_id, len(req.output_token_ids), batch, expected, catch_up,
                                       req.spec_domain)
                 if req.spec_max_k is not None:
                     k = min(k, req.spec_max_k)
                 k = min(k, remaining - 1)
+                cap = k
+                if own and not controller.is_disabled(req.request_id):
+                    limit = req.spec_max_k if req.spec_max_k is not None else self.max_free
+                    cap = max(k, min(self.max_free, limit, remaining - 1))
             req.num_spec_tokens = k
-            controller.charge(req.request_id, k, batch, catch_up)
-            planned[req.request_id] = _Planned(pid, catch_up, len(req.output_token_ids))
+            if not own:
+                controller.charge(req.request_id, k, batch, catch_up)
+            planned[req.request_id] = _Planned(pid, catch_up, len(req.output_token_ids), cap, own)
         return planned
 
     def _propose_with(self, proposer_id: str, reqs: list[Request]) -> None:
         proposer, controller = self.drafts.proposers[proposer_id], self.drafts.controllers[proposer_id]
-        asked = [r.num_spec_tokens for r in reqs]
+        asked = [self._planned[r.request_id].cap for r in reqs]
         try:
             drafts = proposer.propose(reqs, asked)
         except Exception:  # a proposer failure costs speed, never a request
@@ -160,20 +186,22 @@ class Speculator:
                 controller.disable(r.request_id)
                 proposer.free(r.request_id)
             drafts = Drafts([DraftProposal([]) for _ in reqs])
-        self._record_draft_costs(controller, drafts, len(reqs), max(asked))
+        model_free = not registry.get(self.drafts.kinds[proposer_id]).needs_model
+        self._record_draft_costs(controller, drafts, len(reqs), max(asked), model_free)
         for req, k, prop in zip(reqs, asked, drafts.proposals):
             tokens = prop.token_ids[:k]
             probs = None if prop.probs is None else prop.probs[: len(tokens)]
-            self._planned[req.request_id].proposal = DraftProposal(tokens, probs)
+            self._planned[req.request_id].proposal = DraftProposal(tokens, probs, prop.free)
             req.spec_token_ids = list(tokens)
             req.spec.draft_seconds += drafts.seconds
 
-    def _record_draft_costs(self, controller: SpecController, drafts: Drafts, num_requests: int, max_k: int) -> None:
+    def _record_draft_costs(self, controller: SpecController, drafts: Drafts, num_requests: int, max_k: int,
+                            model_free: bool) -> None:
         for rows, seconds in drafts.forward_costs:
             if seconds is not None:
                 controller.record_draft(rows, seconds)
         self._explored |= any(s is None for _, s in drafts.forward_costs)
-        if not drafts.forward_costs:  # a model-free proposer: its wall time per draft step
+        if model_free and max_k:  # a model-free proposer: its wall time per draft step
             controller.record_draft(num_requests, drafts.seconds / max_k)
 
     def draft_probs(self, req: Request) -> torch.Tensor | None:
@@ -192,14 +220,22 @@ class Speculator:
         if pid is None or pid not in self.drafts.controllers:
             return
         controller, fell_back = self.drafts.controllers[pid], False
+        planned = self._planned.get(req.request_id)
+        free = planned is not None and planned.proposal is not None and planned.proposal.free
         if num_drafted:
             req.spec.record(num_drafted, num_accepted)
+        if num_drafted and free:  # a lookup's drafts: not the draft model's acceptance
+            st = self.free_drafts.setdefault(pid, FreeDraftStats())
+            st.drafted_tokens, st.accepted_tokens, st.rounds = (st.drafted_tokens + num_drafted,
+                                                                st.accepted_tokens + num_accepted, st.rounds + 1)
+            req.spec.free_drafted_tokens += num_drafted
+            req.spec.free_accepted_tokens += num_accepted
+        elif num_drafted:
             fell_back = controller.observe(req.request_id, num_drafted, num_accepted)
         if decoding:
             controller.credit(req.request_id, num_emitted)
         if finished:
             return
-        planned = self._planned.get(req.request_id)
         proposed = len(planned.proposal.token_ids) if planned and planned.proposal else num_drafted
         self.drafts.proposers[pid].on_verified(req, proposed, num_accepted)
         if fell_back and self.drafts.router is not None:
@@ -208,9 +244,8 @@ class Speculator:
     def end_step(self, sched: SchedulerOutput, requests: dict[str, Request], out: ModelRunnerOutput,
                  seconds: float) -> None:
         """Record the step's costs, and roll back drafts the scheduler left out of the step."""
-        for controller in self.drafts.controllers.values():
-            if not out.exploring:
-                controller.record_verify(sched.num_batched_tokens, out.forward_seconds)
+        if not out.exploring:  # one table, shared by every controller
+            self.drafts.verify_costs.record(sched.num_batched_tokens, out.forward_seconds)
         self._record_step(sched, requests, seconds, out.exploring or self._explored)
         scheduled = {c.request_id for c in sched.chunks}
         for rid, planned in list(self._planned.items()):
@@ -232,7 +267,9 @@ class Speculator:
                  for c in sched.chunks}
         caught_up = all(c.num_drafts == 0 or planned[c.request_id].catch_up <= 2 for c in sched.chunks
                         if c.request_id in planned)
-        if len(shape) != 1 or not caught_up or explored:
+        # a lookup's drafts cost no draft forward: such steps say nothing of the model's step costs
+        free = any(p.proposal is not None and p.proposal.free and p.proposal.token_ids for p in planned.values())
+        if len(shape) != 1 or not caught_up or explored or free:
             return
         (pid, k), = shape
         if pid not in self.drafts.controllers:
@@ -252,7 +289,14 @@ class Speculator:
             proposer.free(request_id)
 
     def free(self, req: Request) -> None:
-        """The request finished or was aborted."""
+        """The request finished or was aborted: its output joins the shared caches (after the
+        prompt's last few tokens, the chat template's turn header among them: what the next
+        request's output will follow)."""
+        start = max(0, req.num_prompt_tokens - _PROMPT_TAIL)
+        for cache in self.drafts.shared.values():
+            cache.add(req.request_id, req.all_token_ids[start:])
+        if not req.params.ignore_eos and req.output_token_ids and req.status != RequestStatus.FINISHED_ABORTED:
+            self.lengths.record(req.spec_domain, len(req.output_token_ids))
         if req.spec_method is not None:
             self.drafts.observe_gain(req)
             self.drafts.touch(req.spec_method)
@@ -273,6 +317,11 @@ class Speculator:
     def unload(self, model: str, requests: list[Request]) -> str:
         return self.drafts.unload(model, requests)
 
+    def clear_caches(self) -> None:
+        """Forget every finished request's output (a benchmark's next session starts cold)."""
+        for cache in self.drafts.shared.values():
+            cache.clear()
+
     def wait_loaded(self, timeout: float | None = None) -> None:
         self.drafts.wait_loaded(timeout)
 
@@ -292,4 +341,6 @@ class Speculator:
         router = d.router.snapshot() if d.router is not None else None
         return SpeculationStats(d.default_id, proposers, d.status(), pools, router,
                                 d.router.num_switches if d.router is not None else 0,
-                                d.num_loads, d.num_unloads, d.num_load_failures, self.num_proposer_errors)
+                                d.num_loads, d.num_unloads, d.num_load_failures, self.num_proposer_errors,
+                                [c.stats() for c in d.shared.values()],
+                                {self.name_of(i): FreeDraftStats(**vars(s)) for i, s in self.free_drafts.items()})

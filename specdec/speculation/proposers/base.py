@@ -6,6 +6,12 @@ sampling stays exact for any draft distribution), together with what the call co
 verification it is told how many drafts were accepted, so a proposer with state (a draft model's
 KV cache) can roll back the rest.
 
+A kind whose registry entry says `sizes_own_drafts` is offered every decoding request, with the
+most drafts the engine allows (num_tokens) and the controller's k for a model draft in
+`request.num_spec_tokens`; it returns what it judges worth verifying (pricing.py), maybe nothing.
+Drafts marked `free` came from a lookup, not a model forward: they do not count as the draft
+model's acceptance.
+
 A kind whose registry entry says `has_kv_pool` also exposes `kv` (its KVCacheManager: the
 scheduler admits a request only where both pools have room) and `row_align` (the rows its
 forwards pad to, for the cost model).
@@ -18,14 +24,17 @@ from typing import Protocol
 import torch
 
 from specdec.config import EngineConfig
+from specdec.metrics import CacheStats
 from specdec.models.loader import LoadedModel
 from specdec.request import Request
+from specdec.speculation.proposers.pricing import CostEstimate
 
 
 @dataclass
 class DraftProposal:
     token_ids: list[int]                 # [k'] with k' <= the k asked for (may be empty)
     probs: torch.Tensor | None = None    # [k', vocab] processed draft distribution; None: one-hot
+    free: bool = False                   # from a lookup (no model forward)
 
 
 @dataclass
@@ -39,6 +48,14 @@ class Drafts:
     forward_costs: list[tuple[int, float | None]] = field(default_factory=list)
 
 
+class SharedCache(Protocol):
+    """State an engine's proposers share across requests (kept by the draft set, so it outlives any
+    one proposer, e.g. a draft model's unload). Every finished request's output is added to it."""
+    def add(self, request_id: str, tokens: list[int]) -> None: ...
+    def clear(self) -> None: ...
+    def stats(self) -> CacheStats: ...
+
+
 @dataclass
 class BuildContext:
     """What a registry builder gets to make a proposer."""
@@ -47,6 +64,8 @@ class BuildContext:
     max_model_len: int
     draft_loaded: LoadedModel | None = None   # an already loaded draft model to reuse
     progress: bool = True
+    verify_costs: CostEstimate | None = None  # the target's measured forward seconds by row count
+    shared: dict[str, SharedCache] = field(default_factory=dict)   # the engine's shared caches, by name
 
 
 class Proposer(Protocol):

@@ -1,0 +1,128 @@
+"""SuffixProposer (SuffixDecoding): drafts from what followed the longest match of the request's
+latest tokens, in its own prompt and output so far and in the outputs of earlier requests (the
+engine's shared SuffixCache), whichever predicts more. No model: the drafts cost a lookup.
+
+How many tokens it drafts follows the evidence: the lookup stops where the continuation's estimated
+probability falls below `suffix_min_prob` or past `suffix_spec_factor` times the match length; of
+that, it keeps the prefix that maximizes expected tokens per second with the target's measured
+verification costs (pricing.py), the estimated probabilities scaled by how often such drafts were
+accepted so far after matches of about the same length (a one-token match's counts are weak
+evidence; a thirty-token match's strong). Drafts are point masses, so rejection sampling keeps the
+output exact.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from specdec.config import SpeculativeConfig
+from specdec.request import Request
+from specdec.speculation.proposers.base import BuildContext, DraftProposal, Drafts
+from specdec.speculation.proposers.pricing import CostEstimate, best_prefix, step_costs
+from specdec.speculation.proposers.suffix_cache import DraftLimits, SuffixCache, SuffixDraft, SuffixIndex
+
+_DECAY = 0.995   # the calibration forgets slowly: it is shared by all requests
+# calibration by match length (1, 2-3, 4-7, 8-15, 16+ tokens): the ratio of accepted drafts to their
+# estimated probabilities assumed before any is verified, and its weight in pseudo-drafts
+_PRIOR_RATIO = (0.4, 0.6, 0.8, 0.9, 1.0)
+_PRIOR_WEIGHT = 2.0
+
+
+def _bucket(match_length: int) -> int:
+    return min(len(_PRIOR_RATIO) - 1, max(match_length, 1).bit_length() - 1)
+
+
+def shared_cache(ctx: BuildContext) -> SuffixCache:
+    """The engine's suffix cache (made on first use; the draft set keeps it)."""
+    spec = ctx.config.speculative
+    assert spec is not None
+    cache = ctx.shared.get(SuffixCache.name)
+    if not isinstance(cache, SuffixCache):
+        cache = ctx.shared[SuffixCache.name] = SuffixCache(spec.suffix_cache_tokens)
+    return cache
+
+
+def build(ctx: BuildContext) -> SuffixProposer:
+    assert ctx.config.speculative is not None
+    return SuffixProposer(shared_cache(ctx), ctx.config.speculative, ctx.verify_costs)
+
+
+def limits_of(spec: SpeculativeConfig) -> DraftLimits:
+    return DraftLimits(spec.suffix_max_depth, spec.suffix_min_prob, spec.suffix_spec_factor, spec.suffix_spec_offset)
+
+
+@dataclass
+class _Local:
+    index: SuffixIndex
+    offered: list[float]      # the estimated probabilities of the drafts last proposed ...
+    bucket: int = 0           # ... and their match length's calibration bucket
+
+
+class SuffixProposer:
+    kind = "suffix"
+    name = "suffix"
+
+    def __init__(self, cache: SuffixCache, spec: SpeculativeConfig, verify: CostEstimate | None = None) -> None:
+        self.cache, self.verify = cache, verify
+        self.limits = limits_of(spec)
+        self.static_slope, self.min_gain = spec.verify_cost_slope, spec.min_gain
+        self.local: dict[str, _Local] = {}
+        # per match-length bucket: discounted accepted drafts, and their summed estimated probabilities
+        self.hits = [0.0] * len(_PRIOR_RATIO)
+        self.expected = [0.0] * len(_PRIOR_RATIO)
+
+    def propose(self, requests: list[Request], num_tokens: list[int]) -> Drafts:
+        t0 = time.perf_counter()
+        costs = step_costs(self.verify, len(requests), max(num_tokens, default=0), self.static_slope)
+        out = []
+        for req, k in zip(requests, num_tokens):
+            draft = self.lookup(req, k)
+            m = self.worth(draft, costs)[0]
+            self.offer(req, draft, m)
+            out.append(DraftProposal(draft.token_ids[:m], free=True))
+        return Drafts(out, time.perf_counter() - t0)
+
+    def lookup(self, req: Request, k: int) -> SuffixDraft:
+        """The better of the request's own continuation and the shared cache's, at most k tokens."""
+        if k <= 0:
+            return SuffixDraft()
+        tokens = req.all_token_ids
+        local = self.local.get(req.request_id)
+        if local is None:
+            local = self.local[req.request_id] = _Local(SuffixIndex(), [])
+        seen = len(local.index.seqs.get(0, ()))
+        local.index.extend(0, tokens[seen:])
+        own = local.index.draft(tokens, k, self.limits)
+        other = self.cache.draft(tokens, k, self.limits)
+        return own if own.score >= other.score else other
+
+    def acceptance(self, draft: SuffixDraft) -> list[float]:
+        """The draft's probabilities, scaled by how well such estimates have held so far."""
+        b = _bucket(draft.match_length)
+        ratio = (self.hits[b] + _PRIOR_WEIGHT * _PRIOR_RATIO[b]) / (self.expected[b] + _PRIOR_WEIGHT)
+        return [min(1.0, p * ratio) for p in draft.probs]
+
+    def offer(self, req: Request, draft: SuffixDraft, m: int) -> None:
+        """The first m tokens of `draft` go to verification (their outcome updates the calibration)."""
+        local = self.local[req.request_id]
+        local.offered, local.bucket = draft.probs[:m], _bucket(draft.match_length)
+
+    def worth(self, draft: SuffixDraft, costs: list[float]) -> tuple[int, float]:
+        """(drafts worth verifying, predicted seconds per token) under these step costs."""
+        return best_prefix(self.acceptance(draft), costs, self.min_gain)
+
+    def catch_up_tokens(self, request: Request) -> int:
+        return 0
+
+    def on_verified(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        local = self.local.get(request.request_id)
+        if local is None or not local.offered or not num_drafted:
+            return
+        reached = local.offered[: min(num_drafted, num_accepted + 1)]
+        b = local.bucket
+        self.hits[b] = self.hits[b] * _DECAY + min(num_accepted, num_drafted)
+        self.expected[b] = self.expected[b] * _DECAY + sum(reached)
+        local.offered = []
+
+    def free(self, request_id: str) -> None:
+        self.local.pop(request_id, None)
