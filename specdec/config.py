@@ -191,8 +191,19 @@ class ServerConfig:
     served_model_name: str | None = None  # the name /v1/models reports (default: the target's)
     shadow_fraction: float = 0.0     # shadow A/B: share of speculative requests also decoded plainly (0: off)
     shadow_similarity: bool = False  # ... and their texts compared by the similarity monitor (specdec[monitor])
+    openapi: bool = True             # publish /openapi.json and /docs
+    max_tokens_limit: int | None = None    # max_tokens of one choice (None: the context's room)
+    max_request_tokens: int | None = None  # prompt + max_tokens over all choices of one request
+    queue_timeout: float = 600.0     # a request that waits longer without starting gets 503
+    drain_seconds: float = 30.0      # on SIGTERM / SIGINT: time in-flight requests get to finish
+    retry_after: int = 5             # seconds, the Retry-After of 429 / 503 answers
 
     def __post_init__(self) -> None:
+        for name in ("max_tokens_limit", "max_request_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"server.{name} must be >= 1 (or null for no limit)")
+        if self.queue_timeout <= 0 or self.drain_seconds < 0 or self.retry_after < 0:
+            raise ValueError("server.queue_timeout must be > 0, drain_seconds and retry_after >= 0")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"server.port must be in [0, 65535], got {self.port}")
         if self.max_body_bytes < 1024:

@@ -362,6 +362,12 @@ class LLMEngine:
     def request_ids(self) -> list[str]:
         return list(self.requests)
 
+    def waiting_longer_than(self, seconds: float) -> list[str]:
+        """Client requests queued more than `seconds` ago that have not started (preempted ones have)."""
+        now = time.perf_counter()
+        return [r.request_id for r in self.scheduler.waiting
+                if r.num_preemptions == 0 and now - r.arrival_time > seconds]
+
     def stats(self) -> EngineStats:
         """A snapshot for the server, the metrics and tools: plain data, no engine internals."""
         sched = self.scheduler

@@ -58,7 +58,7 @@ def engine_config(model: str, **overrides) -> EngineConfig:
     owners = {"precision": "model", "max_model_len": "model", "device": "model", "block_size": "cache",
               "target_cache_blocks": "cache", "enable_prefix_caching": "cache",
               "max_num_batched_tokens": "scheduler", "max_batch_size": "scheduler",
-              "long_prefill_token_threshold": "scheduler"}
+              "long_prefill_token_threshold": "scheduler", "max_queued_requests": "scheduler"}
     for k, v in overrides.items():
         sections[owners[k]][k] = v
     return EngineConfig(model=ModelConfig(model=model, **sections["model"]),

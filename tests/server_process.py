@@ -1,12 +1,15 @@
 """A `specdec serve` process on a free loopback port, for the server tests."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +36,7 @@ class ServerProcess:
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self._wait_ready(timeout)
+        self.model = http_json(self, "/v1/models", key=api_key)[1]["data"][0]["id"]  # the served model id
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.time() + timeout
@@ -86,6 +90,14 @@ class ServerProcess:
         self._log.close()
 
 
+def yaml_server(directory: Path, yaml: str, args: tuple[str, ...] = ("--threads", "1"),
+                api_key: str | None = None) -> ServerProcess:
+    """A server started from `yaml` (written to directory/config.yaml), logging to directory/server.log."""
+    cfg = directory / "config.yaml"
+    cfg.write_text(yaml)
+    return ServerProcess(["--config", str(cfg), *args], directory / "server.log", api_key=api_key)
+
+
 def http_json(server: ServerProcess, path: str, body: bytes | dict | list | str | Iterator[bytes] | None = None,
               key: str | None = None, headers: dict | None = None) -> tuple[int, dict]:
     """(status, JSON body) of a GET (body None) or POST, HTTP errors included. An iterator body is sent
@@ -100,3 +112,40 @@ def http_json(server: ServerProcess, path: str, body: bytes | dict | list | str 
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+@contextlib.contextmanager
+def in_process_server(build, config=None, log_config: dict | None = None):
+    """An AsyncEngine made by `build` behind a uvicorn server on a free port, in this process (so a
+    test can gate or slow the engine, count the event loop's tasks); yields (engine, a handle with
+    .url, .port, .model and .loop) once listening. log_config None: uvicorn's loggers reach the root."""
+    import uvicorn
+
+    from specdec.config import ServerConfig
+    from specdec.server.app import build_app
+    from specdec.server.async_engine import AsyncEngine
+
+    config = config or ServerConfig()
+    engine = AsyncEngine(build, queue_timeout=config.queue_timeout)
+    port = free_port()
+    handle = type("S", (), {"url": f"http://127.0.0.1:{port}", "port": port, "model": "tiny", "loop": None})()
+
+    class Server(uvicorn.Server):
+        async def serve(self, sockets=None):
+            handle.loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+    server = Server(uvicorn.Config(build_app(engine, config, "tiny"), host="127.0.0.1", port=port,
+                                   log_level="warning", log_config=log_config, access_log=False))
+    thread = threading.Thread(target=server.run)
+    engine.start()
+    thread.start()
+    try:
+        deadline = time.time() + 60
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+        yield engine, handle
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        engine.shutdown()

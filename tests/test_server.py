@@ -3,7 +3,6 @@ the HTTP edge (and the next good request still succeeding), a full queue, aborts
 preemption under a tiny KV cache that leaves outputs unchanged, and the YAML config."""
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -14,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import engine_config
 from openai import AuthenticationError, BadRequestError
-from server_process import ServerProcess, http_json
+from server_process import ServerProcess, http_json, in_process_server
 
 from specdec.config import load_yaml_config
 from specdec.llm import LLM
@@ -53,7 +52,7 @@ def test_health_models_and_auth(strict_server):
     with urllib.request.urlopen(strict_server.url + "/health") as r:
         assert r.status == 200
     with pytest.raises(AuthenticationError):
-        strict_server.client(api_key="wrong").completions.create(model="m", prompt="hi", max_tokens=2)
+        strict_server.client(api_key="wrong").completions.create(model=strict_server.model, prompt="hi", max_tokens=2)
     status, body = post(strict_server, "/v1/completions", {"prompt": "hi"}, key=None)
     assert status == 401 and body["error"]["code"] == "invalid_api_key"
     models = strict_server.client().models.list().data
@@ -101,7 +100,7 @@ def test_bad_inputs_get_400_and_the_server_keeps_serving(strict_server):
     chunked = iter([b'{"prompt": "', *[b"a" * (1 << 16)] * 64, b'"}'])  # 4 MiB, no Content-Length
     status, err = post(strict_server, "/v1/completions", chunked)
     assert status == 413 and "larger than" in err["error"]["message"]
-    out = strict_server.client().completions.create(model="m", prompt="hello", max_tokens=4, temperature=0)
+    out = strict_server.client().completions.create(model=strict_server.model, prompt="hello", max_tokens=4, temperature=0)
     assert out.usage.completion_tokens == 4
     m = strict_server.metrics()
     assert m['specdec_requests_total{status="rejected_400"}'] >= len(BAD)
@@ -109,7 +108,7 @@ def test_bad_inputs_get_400_and_the_server_keeps_serving(strict_server):
 
 
 def _stream_some(server: ServerProcess, started: threading.Event, chunks: int | None, max_tokens: int = 400):
-    stream = server.client().completions.create(model="m", prompt="count", max_tokens=max_tokens,
+    stream = server.client().completions.create(model=server.model, prompt="count", max_tokens=max_tokens,
                                                 temperature=0, stream=True)
     started.set()
     for i, _ in enumerate(stream):
@@ -150,18 +149,18 @@ def test_queue_full_gets_429_and_abort_frees_blocks(strict_server):
     m = strict_server.wait_idle()
     assert m['specdec_kv_blocks_used{pool="target"}'] == 0
     assert m['specdec_requests_total{status="rejected_429"}'] >= 1
-    assert strict_server.client().completions.create(model="m", prompt="ok", max_tokens=2).usage.completion_tokens == 2
+    assert strict_server.client().completions.create(model=strict_server.model, prompt="ok", max_tokens=2).usage.completion_tokens == 2
 
 
 def test_n_logprobs_echo_and_usage(strict_server):
     c = strict_server.client()
-    out = c.completions.create(model="m", prompt="hello there", max_tokens=5, n=2, temperature=0.8, seed=3,
+    out = c.completions.create(model=strict_server.model, prompt="hello there", max_tokens=5, n=2, temperature=0.8, seed=3,
                                logprobs=2, echo=True)
     assert [ch.index for ch in out.choices] == [0, 1]
     assert all(ch.text.startswith("hello there") for ch in out.choices)
     assert len(out.choices[0].logprobs.tokens) == 5 and all(lp <= 0 for lp in out.choices[0].logprobs.token_logprobs)
     assert out.usage.completion_tokens == 10 and out.usage.prompt_tokens > 0  # the prompt counts once
-    chat = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+    chat = c.chat.completions.create(model=strict_server.model, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
                                      logprobs=True, top_logprobs=2, temperature=0)
     assert len(chat.choices[0].logprobs.content) == 3
 
@@ -193,7 +192,7 @@ def test_preemption_leaves_outputs_unchanged(preempting_server, tiny_qwen):
     results: dict[int, str] = {}
 
     def run(i: int) -> None:
-        out = preempting_server.client().completions.create(model="m", prompt=prompts[i], max_tokens=60,
+        out = preempting_server.client().completions.create(model=preempting_server.model, prompt=prompts[i], max_tokens=60,
                                                              temperature=0, extra_body={"ignore_eos": True})
         results[i] = out.choices[0].text
 
@@ -264,7 +263,7 @@ def test_serve_without_flags_takes_the_cli_default_precision():
 
 def test_bad_request_fails_before_the_engine_is_touched(strict_server):
     with pytest.raises(BadRequestError):
-        strict_server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+        strict_server.client().chat.completions.create(model=strict_server.model, messages=[{"role": "user", "content": "x"}],
                                                        n=5)
 
 
@@ -281,35 +280,6 @@ def test_bench_serve_writes_json_and_plot(tiny_qwen, tmp_path):
             assert r["requests"] == 3 and r["output_tokens"] == 12 and r["ttft_p50"] <= r["ttft_p99"]
             assert r["throughput_tokens_per_second"] > 0
     assert png.stat().st_size > 1000
-
-
-@contextlib.contextmanager
-def in_process_server(build):
-    """An AsyncEngine made by `build` behind a uvicorn server on a free port, in this process (so a
-    test can gate or slow the engine); yields (engine, a handle with .url and .port) once listening."""
-    import uvicorn
-    from server_process import free_port
-
-    from specdec.config import ServerConfig
-    from specdec.server.app import build_app
-    from specdec.server.async_engine import AsyncEngine
-
-    engine = AsyncEngine(build)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, ServerConfig(), "tiny"), host="127.0.0.1", port=port,
-                                           log_level="error"))
-    thread = threading.Thread(target=server.run)
-    engine.start()
-    thread.start()
-    try:
-        deadline = time.time() + 60
-        while not server.started and time.time() < deadline:
-            time.sleep(0.05)
-        yield engine, type("S", (), {"url": f"http://127.0.0.1:{port}", "port": port})()
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        engine.shutdown()
 
 
 def test_health_is_503_until_the_models_are_loaded(tiny_qwen):
@@ -375,14 +345,14 @@ def test_client_leaving_a_non_streaming_request_aborts_it(tiny_qwen):
 
 def test_streams_match_the_non_streamed_responses(strict_server):
     c = strict_server.client()
-    full = c.completions.create(model="m", prompt="hello there", max_tokens=6, temperature=0, echo=True)
-    parts = list(c.completions.create(model="m", prompt="hello there", max_tokens=6, temperature=0, echo=True,
+    full = c.completions.create(model=strict_server.model, prompt="hello there", max_tokens=6, temperature=0, echo=True)
+    parts = list(c.completions.create(model=strict_server.model, prompt="hello there", max_tokens=6, temperature=0, echo=True,
                                       stream=True, stream_options={"include_usage": True}))
     assert "".join(p.choices[0].text for p in parts if p.choices) == full.choices[0].text
     assert parts[-1].usage.completion_tokens == 6 and parts[-1].model_extra["speculative"]["proposer"]
     messages = [{"role": "user", "content": "hi"}]
-    chat = c.chat.completions.create(model="m", messages=messages, max_tokens=5, temperature=0)
-    chunks = list(c.chat.completions.create(model="m", messages=messages, max_tokens=5, temperature=0, stream=True))
+    chat = c.chat.completions.create(model=strict_server.model, messages=messages, max_tokens=5, temperature=0)
+    chunks = list(c.chat.completions.create(model=strict_server.model, messages=messages, max_tokens=5, temperature=0, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == chat.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == chat.choices[0].finish_reason
@@ -392,7 +362,7 @@ def test_suffix_per_request_and_its_cache_on_metrics(strict_server):
     """extra_body picks suffix decoding per request; the shared cache of finished outputs and the
     lookup drafts show on /metrics, and the output is the plain one."""
     c = strict_server.client()
-    ask = dict(model="m", prompt="red green blue red green blue red", max_tokens=8, temperature=0)
+    ask = dict(model=strict_server.model, prompt="red green blue red green blue red", max_tokens=8, temperature=0)
     plain = c.completions.create(**ask, extra_body={"speculative": {"enabled": False}})
     outs = [c.completions.create(**ask, extra_body={"speculative": {"method": "suffix"}}) for _ in range(2)]
     assert all(o.choices[0].text == plain.choices[0].text for o in outs)

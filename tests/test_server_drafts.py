@@ -63,6 +63,9 @@ def test_admin_needs_the_key(server, tiny_qwen, tmp_path):
     assert call(server, "/admin/drafts", {"action": "load", "model": "x"}, key="wrong")[0] == 401
     status, body = call(server, "/admin/drafts", {"action": "explode", "model": "x"})
     assert status == 400 and "action" in body["error"]["message"]
+    for bad in ("no-such-model", "/", "x" * 1000):  # refused at once, never a background load that fails later
+        status, body = call(server, "/admin/drafts", {"action": "load", "model": bad})
+        assert status == 400 and "no such model" in body["error"]["message"]
     assert states(server) == {"ngram": "loaded", "suffix": "loaded", DRAFT: "unloaded"}
     keyless = ServerProcess(["--model", str(tiny_qwen), "--spec", "ngram", "--threads", "1"], tmp_path / "s.log")
     try:
@@ -77,7 +80,7 @@ def test_load_and_unload_under_load_loses_no_request(server, tiny_qwen, tiny_lla
 
     def run(i: int) -> None:
         c = server.client()
-        kw = dict(model="m", prompt=PROMPTS[i], max_tokens=48, temperature=0,
+        kw = dict(model=server.model, prompt=PROMPTS[i], max_tokens=48, temperature=0,
                   extra_body={"ignore_eos": True, "speculative": {"method": DRAFT if i % 2 else "auto"}})
         if i % 4 == 3:
             text = "".join(ch.choices[0].text for ch in c.completions.create(stream=True, **kw) if ch.choices)
@@ -108,7 +111,7 @@ def test_load_and_unload_under_load_loses_no_request(server, tiny_qwen, tiny_lla
     bad.write_bytes(b"GGUF" + b"\x00" * 64)
     assert call(server, "/admin/drafts", {"action": "load", "model": str(bad)})[0] == 202
     wait_state(server, "broken.gguf", "failed")
-    out = server.client().completions.create(model="m", prompt=PROMPTS[0], max_tokens=8, temperature=0,
+    out = server.client().completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=8, temperature=0,
                                              extra_body={"speculative": {"method": "broken.gguf"}})
     assert out.choices[0].text == offline.generate(PROMPTS[0], SamplingParams(max_tokens=8))[0].text
     m = server.wait_idle()
@@ -121,7 +124,7 @@ def test_load_and_unload_under_load_loses_no_request(server, tiny_qwen, tiny_lla
 def test_shadow_ab_reports_exact_matches_for_greedy_traffic(server):
     c = server.client()
     for p in PROMPTS[:3]:
-        out = c.completions.create(model="m", prompt=p, max_tokens=16, temperature=0,
+        out = c.completions.create(model=server.model, prompt=p, max_tokens=16, temperature=0,
                                    extra_body={"ignore_eos": True, "speculative": {"method": "ngram"}})
         assert out.model_extra["speculative"]["proposer"] == "ngram[1-4]"
     deadline = time.time() + 120

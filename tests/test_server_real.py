@@ -117,7 +117,7 @@ def test_default_pair_server(tmp_path, qwen15_loaded):
     try:
         c = s.client(timeout=600)
         messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
-        out = c.chat.completions.create(model="m", messages=messages, max_tokens=16, temperature=0)
+        out = c.chat.completions.create(model=s.model, messages=messages, max_tokens=16, temperature=0)
         plain = LLM(config=engine_config("qwen2.5-coder-1.5b-instruct"), loaded=qwen15_loaded, progress=False)
         assert out.choices[0].message.content == plain.chat(messages, SamplingParams(max_tokens=16)).text
         spec = out.model_extra["speculative"]

@@ -68,6 +68,7 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                            "requests ending at EOS"),
     "bench-serve-agentic-xeon": ("2026-12-01", "xeon", "the agentic session under Poisson arrivals, plain and "
                                  "suffix"),
+    "bench-soak-xeon": ("2026-12-01", "xeon", "a server process under 8 misbehaving clients for 10 minutes"),
 }
 ARM_LABELS = {
     "plain": "plain", "draft_fixed": "draft, fixed k", "draft_cost_model": "draft, cost model",
@@ -164,6 +165,15 @@ def serve_command(data: dict) -> str:
             + (" --in-order" if data.get("in_order") else "") + (" --until-eos" if data.get("until_eos") else ""))
 
 
+def soak_command(data: dict) -> str:
+    return (f"specdec bench soak --model {data['model']} --precision {data['precision']} "
+            f"--clients {data['clients']} --minutes {data['minutes']:g} --warmup-minutes {data['warmup_minutes']:g} "
+            f"--max-tokens {data['max_tokens']} --max-batch-size {data['max_batch_size']} --sets {data['sets']} "
+            f"--num-prompts {data['num_prompts']} --seed {data['seed']}"
+            + (f" --max-requests {data['max_requests']}" if data.get("max_requests") else "")
+            + (f" --draft {data['draft']}" if data.get("draft") else ""))
+
+
 def steps_command(data: dict) -> str:
     rows = sorted({r["rows"] for r in data["results"]})
     dtypes = list(dict.fromkeys(r["precision"] for r in data["results"]))
@@ -179,6 +189,8 @@ def command(data: dict) -> str:
         return precision_command(data)
     if "rates" in data:
         return serve_command(data)
+    if "clients" in data and "by_outcome" in data:
+        return soak_command(data)
     if isinstance(data.get("results"), list):
         return steps_command(data)
     return "(no CLI command)"
@@ -270,6 +282,22 @@ def view_serve(data: dict) -> str:
                          f"{r['ttft_p50']:.1f} / {r['ttft_p99']:.1f}", num(r["tpot_p50"]),
                          f"{r['e2e_p50']:.1f} / {r['e2e_p99']:.1f}", num(r.get("acceptance_rate"))])
     return table(header, rows, right_from=2)
+
+
+def view_soak(data: dict) -> str:
+    """Requests by kind and outcome, latency, and what the server kept after the run."""
+    rows = [[kind, str(k["requests"]), str(k["expected"]), str(k["failed"]), num(k["p50"]), num(k["p99"])]
+            for kind, k in data["by_kind"].items()]
+    text = table(["kind", "requests", "as expected", "failed", "latency p50 (s)", "p99 (s)"], rows, right_from=1)
+    by, kv = data["by_outcome"], sum(data["kv_blocks_used_after"].values())
+    served = data.get("served") or {}
+    return text + (f"\n\nServed at {served.get('precision', data['precision'])}. {data['requests']} requests in "
+                   f"{data['wall_seconds'] / 60:.1f} min from {data['clients']} "
+                   f"clients: {by['ok']} answered whole, {by['rejected']} invalid ones refused with a 4xx, "
+                   f"{by['dropped']} dropped by their client, **{by['failed']} failed**. After the run: "
+                   f"{kv:g} KV blocks in use (all pools), resident memory {data['rss_mb_before']:.0f} → "
+                   f"{data['rss_mb_after']:.0f} MB ({100 * data['rss_growth']:+.1f} %), "
+                   f"{data['error_log_lines']} ERROR lines in the server's log, exit code {data['server_exit_code']}.")
 
 
 def view_steps(data: dict) -> str:
@@ -364,7 +392,7 @@ def view_lines(root: Path, doc: Path) -> str:
 
 
 TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view_precision,
-               "serve": view_serve, "steps": view_steps, "row-invariance": view_row_invariance}
+               "serve": view_serve, "soak": view_soak, "steps": view_steps, "row-invariance": view_row_invariance}
 DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
 
 

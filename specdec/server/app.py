@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API (FastAPI): /v1/completions, /v1/chat/completions (both with
-server-sent-event streaming), /v1/models, /admin/drafts, /health, /metrics.
+server-sent-event streaming), /v1/models, /admin/drafts, /health, /metrics, and the published
+schema (/openapi.json, /docs) unless the config turns it off.
 
 `build_app` assembles the pieces: routes (server/routes/), errors (errors.py), the body limit and
 API-key checks (middleware.py), metrics and the optional shadow A/B. Every error is an OpenAI-style
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from specdec import __version__
 from specdec.config import ServerConfig
 from specdec.request import RequestOutput
 from specdec.server.async_engine import AsyncEngine
@@ -17,6 +19,7 @@ from specdec.server.context import ServerContext
 from specdec.server.errors import install_error_handlers
 from specdec.server.metrics import ServerMetrics
 from specdec.server.middleware import BodyLimit
+from specdec.server import openapi
 from specdec.server.routes import admin, chat, completions, health, models
 from specdec.server.shadow import PREFIX as SHADOW_PREFIX
 from specdec.server.shadow import ShadowAB
@@ -24,15 +27,19 @@ from specdec.server.shadow import ShadowAB
 
 def build_app(engine: AsyncEngine, config: ServerConfig, model_name: str) -> FastAPI:
     """The app serving `engine` (started by the caller); `model_name` is the reported model id
-    unless config.served_model_name is set."""
-    app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
+    unless config.served_model_name is set (then requests may still name either)."""
+    app = FastAPI(title="specdec", version=__version__, description=__doc__.split("\n\n")[0],
+                  docs_url="/docs" if config.openapi else None, redoc_url=None,
+                  openapi_url="/openapi.json" if config.openapi else None)
+    openapi.install(app)
     metrics = ServerMetrics(engine.stats)
     shadow = (ShadowAB(engine, config.shadow_fraction, metrics.registry, config.shadow_similarity)
               if config.shadow_fraction > 0 else None)
     _hook(engine, metrics, shadow)
-    app.state.specdec = ServerContext(engine, config, metrics, config.served_model_name or model_name)
+    served = config.served_model_name or model_name
+    app.state.specdec = ServerContext(engine, config, metrics, served, tuple({model_name} - {served}))
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, on_reject=metrics.rejected)
-    install_error_handlers(app, metrics.rejected)
+    install_error_handlers(app, metrics.rejected, config.retry_after)
     for module in (health, models, admin, completions, chat):
         app.include_router(module.router)
     return app

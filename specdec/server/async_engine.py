@@ -5,8 +5,10 @@ add requests through `add()` (run in a worker thread: it takes the engine lock, 
 and receive each request's outputs on an asyncio.Queue. `abort()` never blocks the event loop: it
 queues the id, and the engine thread applies aborts between steps (and polls for them when idle).
 Engine construction (model loading) happens on the thread too, so the server answers /health with
-503 until the models are ready. Readers (metrics, /v1/models) take `stats()`, a snapshot between two
-steps; nothing outside this class touches the engine while it steps.
+503 until the models are ready. A request that waits longer than `queue_timeout` seconds without
+starting fails with a 503 (a burst never leaves a client unanswered); `fail_all` ends every request
+with an error (the end of a graceful drain). Readers (metrics, /v1/models) take `stats()`, a
+snapshot between two steps; nothing outside this class touches the engine while it steps.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import itertools
 import logging
 import queue as queue_mod
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from specdec.engine import LLMEngine
 from specdec.metrics import EngineStats
@@ -25,15 +27,62 @@ from specdec.sampling_params import SamplingParams
 log = logging.getLogger("specdec.server")
 
 
+class RequestFailed(Exception):
+    """A request ended by the server rather than by its own stop condition; `status` is the HTTP
+    status its client is answered with (503 with Retry-After when trying again later may succeed)."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, retry: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.retry = status, message, code, retry
+
+
+class RequestStream:
+    """One request's outputs, in order, as an async iterator; `close()` (idempotent, safe from any
+    task, even while another awaits the next output) aborts the request if it has not finished."""
+
+    def __init__(self, engine: AsyncEngine, rid: str, queue: asyncio.Queue) -> None:
+        self.engine, self.request_id, self._queue = engine, rid, queue
+        self.finished = self.closed = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished or self.closed:
+            raise StopAsyncIteration
+        out = await self._queue.get()
+        if isinstance(out, BaseException):
+            self.finished = True
+            self.close()
+            raise out
+        self.finished = out.finished
+        if self.finished:
+            self.close()
+        return out
+
+    def close(self, reason: str = "the client went away") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.engine._queues.pop(self.request_id, None)
+        if not self.finished:
+            log.info("request %s aborted: %s", self.request_id, reason)
+            self.engine.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+
 class AsyncEngine:
-    def __init__(self, build: Callable[[], LLMEngine]) -> None:
+    def __init__(self, build: Callable[[], LLMEngine], queue_timeout: float | None = None) -> None:
         self._build = build
+        self.queue_timeout = queue_timeout
         self.engine: LLMEngine | None = None
         self.error: BaseException | None = None
         self.lock = threading.Lock()              # held by a step, an add, a metrics snapshot
         self._wake = threading.Condition(self.lock)
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._aborts: queue_mod.SimpleQueue[str] = queue_mod.SimpleQueue()
+        self._aborts: queue_mod.SimpleQueue[str | RequestFailed] = queue_mod.SimpleQueue()
         self._ids = itertools.count()
         self._stop = False
         self.on_finished: Callable[[RequestOutput], None] | None = None  # metrics hooks (engine thread)
@@ -56,10 +105,11 @@ class AsyncEngine:
 
     # ---- handler side (event loop) --------------------------------------------------------------
     async def submit(self, prompt: str | list[int], params: SamplingParams,
-                     spec: SpecOptions | None = None) -> AsyncIterator[RequestOutput]:
+                     spec: SpecOptions | None = None) -> RequestStream:
         """Queue a request; returns its stream of outputs. Raises ValueError / QueueFull (and queues
-        nothing) on a bad request. The caller must exhaust or `aclose()` the stream: closing it
-        early aborts the request (a client that went away) and frees its blocks."""
+        nothing) on a bad request. The caller must exhaust or close the stream: closing it early
+        aborts the request (a client that went away) and frees its blocks. A stream whose request
+        the server ends raises RequestFailed."""
         rid = f"req-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = (asyncio.get_running_loop(), queue)
@@ -69,22 +119,12 @@ class AsyncEngine:
             self._queues.pop(rid, None)
             self.abort(rid)  # cancelled after the add went through: don't leave it running
             raise
-        return self._stream(rid, queue)
+        return RequestStream(self, rid, queue)
 
-    async def _stream(self, rid: str, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                out = await queue.get()
-                if isinstance(out, BaseException):
-                    finished = True
-                    raise out
-                finished = out.finished
-                yield out
-        finally:
-            self._queues.pop(rid, None)
-            if not finished:
-                self.abort(rid)
+    @property
+    def num_client_requests(self) -> int:
+        """Requests whose client still waits for outputs (the drain waits for these)."""
+        return len(self._queues)
 
     def _add(self, rid: str, prompt: str | list[int], params: SamplingParams, spec: SpecOptions | None,
              background: bool = False) -> None:
@@ -97,6 +137,10 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._aborts.put(request_id)
+
+    def fail_all(self, error: RequestFailed) -> None:
+        """End every request, between two steps, with `error` delivered to its stream."""
+        self._aborts.put(error)
 
     def submit_background(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                           spec: SpecOptions | None = None) -> None:
@@ -142,6 +186,7 @@ class AsyncEngine:
         while True:
             with self._wake:
                 self._apply_aborts(engine)
+                self._expire(engine)
                 while not self._stop and not engine.has_unfinished():
                     self._wake.wait(timeout=0.1)
                     self._apply_aborts(engine)
@@ -152,7 +197,7 @@ class AsyncEngine:
                     outputs = engine.step()
                 except Exception as e:  # noqa: BLE001 - fail the running requests, keep serving
                     log.exception("engine step failed")
-                    self._fail_all(engine, e)
+                    self._fail_all(engine, RequestFailed(500, "internal error while generating"))
                     continue
             for out in outputs:
                 self._deliver(out.request_id, out)
@@ -161,16 +206,31 @@ class AsyncEngine:
 
     def _apply_aborts(self, engine: LLMEngine) -> None:
         while not self._aborts.empty():
-            rid = self._aborts.get()
-            if engine.has_request(rid):
-                engine.abort(rid)
-                if self.on_aborted is not None:
-                    self.on_aborted(rid)
+            item = self._aborts.get()
+            if isinstance(item, RequestFailed):
+                self._fail_all(engine, item)
+            elif engine.has_request(item):
+                self._abort(engine, item)
 
-    def _fail_all(self, engine: LLMEngine, error: Exception) -> None:
+    def _abort(self, engine: LLMEngine, rid: str, error: RequestFailed | None = None) -> None:
+        engine.abort(rid)
+        if self.on_aborted is not None:
+            self.on_aborted(rid)
+        if error is not None:
+            self._deliver(rid, error)
+
+    def _fail_all(self, engine: LLMEngine, error: RequestFailed) -> None:
         for rid in engine.request_ids():
-            engine.abort(rid)
-            self._deliver(rid, RuntimeError("internal error while generating"))
+            self._abort(engine, rid, error)
+
+    def _expire(self, engine: LLMEngine) -> None:
+        """Fail the requests that have waited longer than queue_timeout without starting."""
+        if self.queue_timeout is None:
+            return
+        for rid in engine.waiting_longer_than(self.queue_timeout):
+            self._abort(engine, rid, RequestFailed(
+                503, f"the request waited {self.queue_timeout:g} s in the queue without starting; "
+                     "the server is overloaded", "queue_timeout", retry=True))
 
     def _deliver(self, rid: str, item: object) -> None:
         target = self._queues.get(rid)

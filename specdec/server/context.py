@@ -1,5 +1,7 @@
 """What the routes share: one `ServerContext` per app, kept on `app.state` and handed to each
-route by the `context` dependency (no module globals: two apps in one process stay apart)."""
+route by the `context` dependency (no module globals: two apps in one process stay apart), and the
+gates every generation route passes: the engine is ready, the server admits work (not draining),
+the model named is the one served."""
 from __future__ import annotations
 
 import hashlib
@@ -20,6 +22,8 @@ class ServerContext:
     config: ServerConfig
     metrics: ServerMetrics
     served_model: str                     # the model id the API reports
+    aliases: tuple[str, ...] = ()         # other names a request may give for it
+    draining: bool = False                # shutting down: new work gets 503
     expected_auth: bytes = field(init=False)  # sha256 of the Authorization header that passes
 
     def __post_init__(self) -> None:
@@ -28,9 +32,20 @@ class ServerContext:
     def ready_engine(self) -> LLMEngine:
         """The engine once its models are loaded. Raises APIError 503 before (or if loading failed)."""
         if self.engine.engine is None:
-            raise APIError(503, "the models are still loading" if self.engine.error is None
-                           else "the engine failed to start")
+            if self.engine.error is None:
+                raise APIError(503, "the models are still loading", code="model_loading", retry=True)
+            raise APIError(503, "the engine failed to start")
         return self.engine.engine
+
+    def admit(self, model: str | None) -> LLMEngine:
+        """The engine, for a request that may start now and names the served model (or none)."""
+        eng = self.ready_engine()
+        if self.draining:
+            raise APIError(503, "the server is shutting down", code="shutting_down", retry=True)
+        if model is not None and model != self.served_model and model not in self.aliases:
+            raise APIError(404, f"the model {model!r} is not served here (served: {self.served_model!r}); "
+                                "drafts are chosen per request with speculative.method", "model", "model_not_found")
+        return eng
 
 
 def context(request: Request) -> ServerContext:

@@ -14,9 +14,31 @@ MAX_STOP = 16          # stop strings per request
 MAX_TOP_LOGPROBS = MAX_LOGPROBS
 
 
+def _unicode(v: Any) -> Any:
+    """JSON lets a string carry a lone UTF-16 surrogate ("\\ud800"); no text can: refuse it here."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("text is not valid Unicode (a lone UTF-16 surrogate)") from None
+    elif isinstance(v, list):
+        for x in v:
+            _unicode(x)
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _unicode(k)
+            _unicode(x)
+    return v
+
+
 class _Strict(BaseModel):
     # unknown fields (user, logit_bias, ...) are accepted and ignored, as OpenAI-compatible servers do
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+    @field_validator("*")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        return _unicode(v)
 
 
 class SpeculativeRequest(_Strict):

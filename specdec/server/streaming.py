@@ -1,15 +1,19 @@
 """Delivering engine outputs to a client: server-sent events as outputs arrive, or the final outputs
-at once; either way a client that goes away aborts its requests (closing a stream aborts it)."""
+at once. A client that goes away aborts its requests (logged at INFO: disconnects are normal
+traffic); a request the server ends (drain, queue timeout, engine failure) ends a stream with an
+error event and `[DONE]`, and a non-streamed response with an error body."""
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from specdec.request import RequestOutput
+from specdec.server.async_engine import RequestFailed, RequestStream
+from specdec.server.errors import APIError, ClientDisconnected, error_body
 from specdec.server.render import Sub, spec_summary, usage_of
 
 Render = Callable[[Sub, RequestOutput], list[dict]]
@@ -19,10 +23,11 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def event_stream(streams: list, subs: list[Sub], envelope: dict, render: Render, stream_options,
+def event_stream(streams: list[RequestStream], subs: list[Sub], envelope: dict, render: Render, stream_options,
                  opening: list[dict] = ()) -> StreamingResponse:
     """Server-sent events: `opening` chunks, then render(sub, output) chunks as outputs arrive, an
-    optional usage chunk (with the speculative summary), and `data: [DONE]`."""
+    optional usage chunk (with the speculative summary), and `data: [DONE]`; an error event in place
+    of the rest when the server ends a request."""
     async def events():
         last: dict[int, RequestOutput] = {}
         try:
@@ -35,26 +40,31 @@ def event_stream(streams: list, subs: list[Sub], envelope: dict, render: Render,
                 finals = list(last.values())
                 yield _sse({**envelope, "choices": [], "usage": usage_of(subs, finals),
                             "speculative": spec_summary(finals)})
-            yield "data: [DONE]\n\n"
-        finally:  # the client went away (Starlette cancels us) or we are done
-            await close_all(streams)
+        except RequestFailed as e:
+            yield _sse(error_body(e.status, e.message, code=e.code))
+        finally:  # the client went away (Starlette cancels us), a request failed, or we are done
+            close_all(streams)
+        yield "data: [DONE]\n\n"
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def close_all(streams: list) -> None:
+def close_all(streams: list[RequestStream], reason: str = "the client went away") -> None:
     for s in streams:
-        await s.aclose()
+        s.close(reason)
 
 
-async def _merge(streams: list[AsyncIterator[RequestOutput]], subs: list[Sub], last: dict[int, RequestOutput]):
-    """Interleave several requests' outputs as they arrive; `last` keeps each one's latest."""
+async def _merge(streams: list[RequestStream], subs: list[Sub], last: dict[int, RequestOutput]):
+    """Interleave several requests' outputs as they arrive; `last` keeps each one's latest. The
+    first RequestFailed of any of them is raised."""
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(i: int, s: AsyncIterator[RequestOutput]) -> None:
+    async def pump(i: int, s: RequestStream) -> None:
         try:
             async for out in s:
                 await queue.put((i, out))
+        except RequestFailed as e:
+            await queue.put((i, e))
         finally:
             await queue.put((i, None))
 
@@ -66,6 +76,8 @@ async def _merge(streams: list[AsyncIterator[RequestOutput]], subs: list[Sub], l
             if out is None:
                 live -= 1
                 continue
+            if isinstance(out, RequestFailed):
+                raise out
             last[i] = out
             yield subs[i], out
     finally:
@@ -81,28 +93,31 @@ async def _disconnect(request: Request) -> None:
         await asyncio.sleep(0.05)
 
 
-async def collect(streams: list[AsyncIterator[RequestOutput]], request: Request) -> list[RequestOutput]:
-    """Final outputs of every stream; aborts them all if the client disconnects meanwhile."""
-    async def final(s: AsyncIterator[RequestOutput]) -> RequestOutput:
+async def collect(streams: list[RequestStream], request: Request) -> list[RequestOutput]:
+    """Final outputs of every stream. Raises ClientDisconnected (after aborting them all) if the client
+    disconnects meanwhile, APIError if the server ends one of them."""
+    async def final(s: RequestStream) -> RequestOutput:
         out = None
         async for out in s:
             pass
         assert out is not None
         return out
 
-    gather = asyncio.ensure_future(asyncio.gather(*(final(s) for s in streams)))
+    tasks = [asyncio.ensure_future(final(s)) for s in streams]
     watch = asyncio.ensure_future(_disconnect(request))
     try:
-        done, _ = await asyncio.wait({gather, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if gather in done:
-            return gather.result()
-        raise asyncio.CancelledError("client disconnected")
+        pending = set(tasks)
+        while pending:
+            done, _ = await asyncio.wait(pending | {watch}, return_when=asyncio.FIRST_COMPLETED)
+            if watch in done:
+                raise ClientDisconnected()
+            for t in done:
+                t.result()  # a RequestFailed ends them all
+            pending -= done
+        return [t.result() for t in tasks]
+    except RequestFailed as e:
+        raise APIError(e.status, e.message, code=e.code, retry=e.retry) from None
     finally:
-        watch.cancel()
-        if not gather.done():
-            gather.cancel()
-            try:
-                await gather
-            except BaseException:  # noqa: BLE001 - cancelled on purpose
-                pass
-        await close_all(streams)
+        for t in (watch, *tasks):
+            t.cancel()
+        close_all(streams)

@@ -1,13 +1,13 @@
 """From a validated request body to engine requests: prompt checks against the context length,
-sampling parameters and speculative options (a bad value is a 400), and submission (a full queue
-is a 429). A request refused here changes nothing in the engine."""
+sampling parameters and speculative options (a bad value is a 400), the server's token caps
+(max_tokens_limit, max_request_tokens: 400), and submission (a full queue is a 429). A request
+refused here changes nothing in the engine."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 from specdec.engine import QueueFull
-from specdec.request import RequestOutput, SpecOptions
+from specdec.request import SpecOptions
 from specdec.sampling_params import SamplingParams
+from specdec.server.async_engine import RequestStream
 from specdec.server.context import ServerContext
 from specdec.server.errors import APIError
 from specdec.server.streaming import close_all
@@ -17,7 +17,8 @@ Job = tuple[list[int], SamplingParams]
 
 def prepare(ctx: ServerContext, prompt: str | list[int], max_tokens: int | None, param: str
             ) -> tuple[list[int], int]:
-    """(token ids, max_tokens) of a prompt; max_tokens None: whatever room the context leaves."""
+    """(token ids, max_tokens) of a prompt; max_tokens None: whatever room the context leaves, up to
+    the server's max_tokens_limit."""
     eng = ctx.ready_engine()
     tok = eng.tokenizer
     if isinstance(prompt, str):
@@ -34,28 +35,42 @@ def prepare(ctx: ServerContext, prompt: str | list[int], max_tokens: int | None,
     room = eng.max_model_len - len(ids)
     if room < 1:
         raise APIError(400, f"prompt has {len(ids)} tokens; the context holds {eng.max_model_len}", param)
+    limit = ctx.config.max_tokens_limit
     if max_tokens is None:
-        max_tokens = room
+        max_tokens = room if limit is None else min(room, limit)
+    elif limit is not None and max_tokens > limit:
+        raise APIError(400, f"max_tokens ({max_tokens}) exceeds this server's max_tokens_limit ({limit})",
+                       "max_tokens")
     elif len(ids) + max_tokens > eng.max_model_len:
         raise APIError(400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context "
                             f"({eng.max_model_len} tokens)", "max_tokens")
     return ids, max_tokens
 
 
-async def start(ctx: ServerContext, jobs: list[Job], spec: SpecOptions | None) -> list[AsyncIterator[RequestOutput]]:
+def check_budget(ctx: ServerContext, jobs: list[Job]) -> None:
+    """The request's worst case (prompt + max_tokens over every choice) within max_request_tokens."""
+    cap = ctx.config.max_request_tokens
+    total = sum(len(ids) + params.max_tokens for ids, params in jobs)
+    if cap is not None and total > cap:
+        raise APIError(400, f"this request may use up to {total} tokens (prompt + max_tokens, every choice); "
+                            f"this server's max_request_tokens is {cap}", "max_tokens")
+
+
+async def start(ctx: ServerContext, jobs: list[Job], spec: SpecOptions | None) -> list[RequestStream]:
     """Submit every job, or none: on a refusal the ones already queued are aborted."""
-    streams: list[AsyncIterator[RequestOutput]] = []
+    check_budget(ctx, jobs)
+    streams: list[RequestStream] = []
     try:
         for ids, params in jobs:
             streams.append(await ctx.engine.submit(ids, params, spec))
     except QueueFull as e:
-        await close_all(streams)
-        raise APIError(429, str(e), code="queue_full") from None
+        close_all(streams, "another choice of its request was refused")
+        raise APIError(429, str(e), code="queue_full", retry=True) from None
     except ValueError as e:
-        await close_all(streams)
+        close_all(streams, "another choice of its request was refused")
         raise APIError(400, str(e)) from None
     except BaseException:
-        await close_all(streams)
+        close_all(streams, "cancelled while queueing")
         raise
     return streams
 
@@ -77,6 +92,11 @@ def spec_options(body) -> SpecOptions | None:
         raise APIError(400, str(e), "speculative") from None
 
 
-def check_n(ctx: ServerContext, body) -> None:
+def check_request(ctx: ServerContext, body) -> None:
+    """The fields checked against the server and its model: n, stop token ids."""
     if body.n > ctx.config.max_n:
         raise APIError(400, f"n must be <= {ctx.config.max_n}", "n")
+    vocab = ctx.ready_engine().tokenizer.vocab_size
+    bad = [t for t in body.stop_token_ids if not 0 <= t < vocab]
+    if bad:
+        raise APIError(400, f"stop_token_ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}", "stop_token_ids")

@@ -22,7 +22,7 @@ from pathlib import Path
 from specdec.config import EngineConfig
 from specdec.core.kv_cache_manager import KVCacheManager
 from specdec.models import registry as model_registry
-from specdec.models.loader import LoadedModel
+from specdec.models.loader import LoadedModel, check_exists
 from specdec.metrics import DraftStatus
 from specdec.request import Request
 from specdec.quant.layers import row_align
@@ -126,6 +126,8 @@ class DraftSet:
         i = draft_id(model)
         if i in registry.kinds():
             raise ValueError(f"{i!r} names a proposer kind, not a draft model")
+        if i not in self.models:
+            check_exists(model)  # a name that cannot load is refused here, not in the background
         self.kinds.setdefault(i, registry.model_kinds()[0])
         self.models.setdefault(i, model)
         self.errors.pop(i, None)

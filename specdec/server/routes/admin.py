@@ -11,6 +11,7 @@ from specdec.engine import LLMEngine
 from specdec.server.context import ServerContext, context
 from specdec.server.errors import APIError
 from specdec.server.middleware import check_admin
+from specdec.server.openapi import errors
 from specdec.server.protocol import AdminDraftRequest
 
 router = APIRouter()
@@ -23,13 +24,14 @@ def drafts_report(eng: LLMEngine) -> dict:
             "drafts": [dataclasses.asdict(d) for d in eng.draft_status()]}
 
 
-@router.get("/admin/drafts", dependencies=[Depends(check_admin)])
+@router.get("/admin/drafts", dependencies=[Depends(check_admin)], responses=errors(401, 403, 503))
 async def list_drafts(ctx: ServerContext = Depends(context)):
     ctx.ready_engine()
     return await ctx.engine.call(drafts_report)
 
 
-@router.post("/admin/drafts", dependencies=[Depends(check_admin)])
+@router.post("/admin/drafts", dependencies=[Depends(check_admin)], 
+             responses={202: {"description": "load started"}, **errors(400, 401, 403, 413, 503)})
 async def change_drafts(body: AdminDraftRequest, ctx: ServerContext = Depends(context)):
     ctx.ready_engine()
 

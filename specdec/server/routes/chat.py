@@ -11,10 +11,11 @@ from specdec.request import RequestOutput
 from specdec.server.context import ServerContext, context
 from specdec.server.errors import APIError
 from specdec.server.middleware import check_auth
+from specdec.server.openapi import ChatCompletion, errors, ok
 from specdec.server.protocol import ChatCompletionRequest
 from specdec.server.render import Sub, chat_logprobs, spec_summary, usage_of
 from specdec.server.streaming import collect, event_stream
-from specdec.server.submit import check_n, prepare, sampling, spec_options, start
+from specdec.server.submit import check_request, prepare, sampling, spec_options, start
 
 router = APIRouter()
 
@@ -42,10 +43,11 @@ def _render_delta(sub: Sub, out: RequestOutput) -> list[dict]:
     return chunks
 
 
-@router.post("/v1/chat/completions", dependencies=[Depends(check_auth)])
+@router.post("/v1/chat/completions", dependencies=[Depends(check_auth)],
+             responses={**ok(ChatCompletion, stream=True), **errors(400, 401, 404, 413, 429, 503)})
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: ServerContext = Depends(context)):
-    eng = ctx.ready_engine()
-    check_n(ctx, body)
+    eng = ctx.admit(body.model)
+    check_request(ctx, body)
     ids, max_tokens = prepare(ctx, _prompt_ids(ctx, body), body.requested_max_tokens(), "messages")
     subs = [Sub(j, 0, len(ids), "") for j in range(body.n)]
     jobs = [(ids, sampling(body, max_tokens, body.num_logprobs(), j)) for j in range(body.n)]

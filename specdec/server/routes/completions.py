@@ -10,17 +10,18 @@ from specdec.request import RequestOutput
 from specdec.server.context import ServerContext, context
 from specdec.server.errors import APIError
 from specdec.server.middleware import check_auth
+from specdec.server.openapi import Completion, errors, ok
 from specdec.server.protocol import CompletionRequest
 from specdec.server.render import Sub, completion_logprobs, spec_summary, usage_of
 from specdec.server.streaming import collect, event_stream
-from specdec.server.submit import Job, check_n, prepare, sampling, spec_options, start
+from specdec.server.submit import Job, check_request, prepare, sampling, spec_options, start
 
 router = APIRouter()
 
 
 def _jobs(ctx: ServerContext, body: CompletionRequest) -> tuple[list[Job], list[Sub]]:
     """Every (prompt, choice) pair as an engine job, in choice-index order."""
-    check_n(ctx, body)
+    check_request(ctx, body)
     prompts = body.prompts()
     if not prompts:
         raise APIError(400, "prompt is empty", "prompt")
@@ -37,9 +38,10 @@ def _jobs(ctx: ServerContext, body: CompletionRequest) -> tuple[list[Job], list[
     return jobs, subs
 
 
-@router.post("/v1/completions", dependencies=[Depends(check_auth)])
+@router.post("/v1/completions", dependencies=[Depends(check_auth)],
+             responses={**ok(Completion, stream=True), **errors(400, 401, 404, 413, 429, 503)})
 async def completions(body: CompletionRequest, request: Request, ctx: ServerContext = Depends(context)):
-    ctx.ready_engine()
+    ctx.admit(body.model)
     jobs, subs = _jobs(ctx, body)
     streams = await start(ctx, jobs, spec_options(body))
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends
 from specdec.metrics import EngineStats
 from specdec.server.context import ServerContext, context
 from specdec.server.middleware import check_auth
+from specdec.server.openapi import ModelList, errors, ok
 
 router = APIRouter()
 
@@ -21,7 +22,7 @@ def speculative_card(stats: EngineStats) -> dict:
             "proposers": {p.id: p.name for p in spec.proposers}}
 
 
-@router.get("/v1/models", dependencies=[Depends(check_auth)])
+@router.get("/v1/models", dependencies=[Depends(check_auth)], responses={**ok(ModelList), **errors(401, 503)})
 async def models(ctx: ServerContext = Depends(context)):
     ctx.ready_engine()
     stats = await ctx.engine.snapshot()

@@ -1,0 +1,65 @@
+"""Graceful shutdown. On SIGTERM or SIGINT the server stops admitting work (503 with Retry-After;
+/health says `draining`), gives the requests in flight `drain_seconds` to finish, then ends the rest
+with an error (a final event on each open stream, an error body for the others) and lets uvicorn
+close the connections. A second signal quits at once."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import uvicorn
+
+from specdec.server.async_engine import RequestFailed
+from specdec.server.context import ServerContext
+
+log = logging.getLogger("specdec.server")
+_SETTLE_SECONDS = 5.0  # after the failures are delivered: time for handlers to write them out
+
+
+async def _wait_idle(ctx: ServerContext, seconds: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while ctx.engine.num_client_requests and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def drain(ctx: ServerContext) -> None:
+    """Stop admitting, wait for the requests in flight, end those left after drain_seconds."""
+    ctx.draining = True
+    seconds = ctx.config.drain_seconds
+    log.info("draining: %d request(s) in flight get up to %g s", ctx.engine.num_client_requests, seconds)
+    await _wait_idle(ctx, seconds)
+    left = ctx.engine.num_client_requests
+    if left:
+        log.info("drain time is over: ending %d request(s)", left)
+        ctx.engine.fail_all(RequestFailed(503, "the server is shutting down", "shutting_down", retry=True))
+        await _wait_idle(ctx, _SETTLE_SECONDS)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, whose first exit signal drains `ctx` before shutting down."""
+
+    def __init__(self, config: uvicorn.Config, ctx: ServerContext) -> None:
+        super().__init__(config)
+        self.ctx = ctx
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    async def startup(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._loop is None or self._draining:  # before startup, or a second signal
+            return super().handle_exit(sig, frame)
+        self._draining = self.ctx.draining = True
+        self._loop.call_soon_threadsafe(self._start)
+
+    def _start(self) -> None:
+        task = asyncio.ensure_future(drain(self.ctx))
+        task.add_done_callback(self._drained)
+
+    def _drained(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("drain failed: %s", task.exception())
+        self.should_exit = True
