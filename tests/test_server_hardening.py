@@ -84,6 +84,13 @@ def test_unknown_model_is_404_and_methods_carry_allow(capped):
         assert r.status == 200  # load balancers probe with HEAD
     status, _, err = raw(capped, "GET", "/v2/nothing")
     assert status == 404 and err["error"]["message"]
+    with socket.create_connection(("127.0.0.1", capped.port)) as sock:  # framing the server cannot parse
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n{}")
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and json.loads(body)["error"]["type"] == "invalid_request_error"
 
 
 def test_token_caps(capped):
@@ -244,8 +251,8 @@ def _events(stream) -> list[str]:
     return [line.decode().removeprefix("data: ").strip() for line in stream if line.strip()]
 
 
-@pytest.mark.parametrize("drain_seconds", [60, 0.3])
-def test_sigterm_drains_streams_in_flight(tiny_long, tmp_path, drain_seconds):
+@pytest.mark.parametrize("drain_seconds, sig", [(60, signal.SIGTERM), (0.3, signal.SIGINT)])
+def test_a_signal_drains_streams_in_flight(tiny_long, tmp_path, drain_seconds, sig):
     """60 s: the stream in flight finishes whole; 0.3 s: it ends with an error event. Either way the
     stream ends with [DONE], new work gets 503 with Retry-After, and the process exits cleanly."""
     server = _drain_server(tiny_long, tmp_path, drain_seconds)
@@ -255,7 +262,7 @@ def test_sigterm_drains_streams_in_flight(tiny_long, tmp_path, drain_seconds):
             server, "/v1/completions", {"prompt": "hi", "max_tokens": 3000, "ignore_eos": True}, key=None)))
         waiter.start()
         stream = _open_stream(server, 3000)
-        server.proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(sig)
         deadline = time.time() + 10
         while "draining" not in server.log_path.read_text() and time.time() < deadline:
             time.sleep(0.02)

@@ -95,7 +95,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from specdec.engine import LLMEngine
     from specdec.server.app import build_app
     from specdec.server.async_engine import AsyncEngine
-    from specdec.server.lifecycle import DrainingServer
+    from specdec.server.lifecycle import DrainingServer, JSONErrorsH11
     engine_cfg, server_cfg = serve_configs(a)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -112,7 +112,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     print(f"serving {engine_cfg.model.model} on http://{server_cfg.host}:{server_cfg.port} ({auth}); "
           "/health answers 503 until the models are loaded", file=sys.stderr)
     config = uvicorn.Config(app, host=server_cfg.host, port=server_cfg.port, log_level="warning",
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, http=JSONErrorsH11)
     try:
         DrainingServer(config, app.state.specdec).run()
     finally:

@@ -1,16 +1,22 @@
-"""Graceful shutdown. On SIGTERM or SIGINT the server stops admitting work (503 with Retry-After;
-/health says `draining`), gives the requests in flight `drain_seconds` to finish, then ends the rest
-with an error (a final event on each open stream, an error body for the others) and lets uvicorn
-close the connections. A second signal quits at once."""
+"""The server process around the app: graceful shutdown, and the answer to unparsable HTTP.
+
+On SIGTERM or SIGINT the server stops admitting work (503 with Retry-After; /health says
+`draining`), gives the requests in flight `drain_seconds` to finish, then ends the rest with an error
+(a final event on each open stream, an error body for the others) and lets uvicorn close the
+connections. A second signal quits at once."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from specdec.server.async_engine import RequestFailed
 from specdec.server.context import ServerContext
+from specdec.server.errors import error_body
 
 log = logging.getLogger("specdec.server")
 _SETTLE_SECONDS = 5.0  # after the failures are delivered: time for handlers to write them out
@@ -63,3 +69,17 @@ class DrainingServer(uvicorn.Server):
         if not task.cancelled() and task.exception() is not None:
             log.error("drain failed: %s", task.exception())
         self.should_exit = True
+
+
+class JSONErrorsH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, whose answer to a request it cannot parse (broken framing, a bad
+    Content-Length, oversized headers) is an OpenAI-style error body like every other error."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps(error_body(400, f"malformed HTTP request: {msg}")).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
