@@ -25,7 +25,7 @@ from specdec.prompts import read_set
 from specdec.sampling_params import SamplingParams
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     s = sorted(values)
@@ -82,9 +82,9 @@ async def _run_rate(engine, prompts: list[list[int]], arrivals: list[float], par
     tokens = sum(r["tokens"] for r in records)
     return {"requests": len(records), "wall_seconds": wall, "output_tokens": tokens,
             "throughput_tokens_per_second": tokens / wall, "throughput_requests_per_second": len(records) / wall,
-            "ttft_p50": _percentile(ttft, 0.5), "ttft_p99": _percentile(ttft, 0.99),
-            "tpot_p50": _percentile(tpot, 0.5), "tpot_p99": _percentile(tpot, 0.99),
-            "e2e_p50": _percentile(e2e, 0.5), "e2e_p99": _percentile(e2e, 0.99),
+            "ttft_p50": percentile(ttft, 0.5), "ttft_p99": percentile(ttft, 0.99),
+            "tpot_p50": percentile(tpot, 0.5), "tpot_p99": percentile(tpot, 0.99),
+            "e2e_p50": percentile(e2e, 0.5), "e2e_p99": percentile(e2e, 0.99),
             "acceptance_rate": sum(r["accepted"] for r in records) / drafted if drafted else None,
             "mean_accepted_length": statistics.mean(r["mean_accepted_length"] for r in records)}
 

@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from specdec.bench.serve_bench import percentile
 from specdec.bench.soak_clients import EXPECTED, MIX, Outcome, Soak, client, request
 from specdec.fileio import atomic_write_text
 from specdec.prompts import SETS, read_set
@@ -82,13 +83,6 @@ def _wait_idle(s: Soak, timeout: float = 600) -> dict[str, float]:
         time.sleep(0.5)
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    return v[min(len(v) - 1, round(q * (len(v) - 1)))]
-
-
 def _start_server(a, port: int, log_path: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "specdec.cli", "serve", "--model", a.model, "--precision", a.precision,
            "--port", str(port), "--max-batch-size", str(a.max_batch_size)]
@@ -123,10 +117,10 @@ def summarize(outcomes: list[Outcome]) -> dict:
         kinds[kind] = {"requests": len(mine), "ok": len(done), "expected": sum(x.outcome == EXPECTED.get(kind, "ok")
                                                                               for x in mine),
                        "failed": sum(x.outcome == "failed" for x in mine),
-                       "p50": _percentile(done, 0.5), "p99": _percentile(done, 0.99)}
+                       "p50": percentile(done, 0.5), "p99": percentile(done, 0.99)}
     latencies = [x.seconds for x in outcomes if x.outcome == "ok"]
     return {"requests": len(outcomes), "by_outcome": by, "by_kind": kinds,
-            "latency_p50": _percentile(latencies, 0.5), "latency_p99": _percentile(latencies, 0.99),
+            "latency_p50": percentile(latencies, 0.5), "latency_p99": percentile(latencies, 0.99),
             "failures": [asdict(x) for x in outcomes if x.outcome == "failed"][:50]}
 
 

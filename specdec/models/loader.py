@@ -34,6 +34,11 @@ class LoadedModel:
     precision: str = "float32"
 
 
+def _no_such_model(model: str) -> ModelFileError:
+    return ModelFileError(f"no such model {model!r}: not a registry name ({', '.join(sorted(registry.REGISTRY))}), "
+                          "a .gguf file or a model folder")
+
+
 def check_exists(model: str) -> None:
     """Raise ModelFileError unless `model` is a registry name, a GGUF file or a model folder (with a
     config.json); reads no more than a file's magic."""
@@ -49,8 +54,7 @@ def check_exists(model: str) -> None:
                     return
     except OSError:  # a name too long for a path, a file we may not read
         pass
-    raise ModelFileError(f"no such model {model!r}: not a registry name ({', '.join(sorted(registry.REGISTRY))}), "
-                         "a .gguf file or a model folder")
+    raise _no_such_model(model)
 
 
 def resolve(model: str, auto_pull: bool = True) -> tuple[str, Path]:
@@ -65,8 +69,7 @@ def resolve(model: str, auto_pull: bool = True) -> tuple[str, Path]:
     path = Path(model).expanduser()
     if path.is_dir() or path.is_file():
         return path.name, path
-    raise ModelFileError(f"no such model {model!r}: not a registry name ({', '.join(sorted(registry.REGISTRY))}), "
-                         "a .gguf file or a model folder")
+    raise _no_such_model(model)
 
 
 def load_model(model: str, precision: str = "float32", device: str = "cpu", progress: bool = True) -> LoadedModel:

@@ -49,16 +49,15 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.ctx = ctx
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._draining = False
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
 
     def handle_exit(self, sig, frame) -> None:
-        if self._loop is None or self._draining:  # before startup, or a second signal
+        if self._loop is None or self.ctx.draining:  # before startup, or a second signal
             return super().handle_exit(sig, frame)
-        self._draining = self.ctx.draining = True
+        self.ctx.draining = True
         self._loop.call_soon_threadsafe(self._start)
 
     def _start(self) -> None:
