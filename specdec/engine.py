@@ -38,6 +38,7 @@ from specdec.runner.threads import thread_tuner
 from specdec.sample.logits_processors import process_logits
 from specdec.sample.rejection_sampler import rejection_sample
 from specdec.sample.sampler import fill_random_inputs, make_generator, top_logprobs
+from specdec.sample.structured import GrammarCompiler, constrain, settle
 from specdec.sampling_params import SamplingParams
 from specdec.speculation import registry
 from specdec.speculation.proposers.self_draft import is_self_draft
@@ -104,6 +105,7 @@ class LLMEngine:
                                   cc.target_cache_blocks, cc.block_size, self.device,
                                   self.tokenizer.never_sample_ids, self.tokenizer.vocab_size, thread_tuner(mc))
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.grammars = GrammarCompiler(self.tokenizer)
         self.counters = EngineCounters()
         self.requests: dict[str, Request] = {}
         self._generators: dict[str, torch.Generator] = {}
@@ -131,10 +133,11 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
+        grammar = self.grammars.matcher(params.structured) if params.structured is not None else None
         method, domain = self._assign(speculative, ids, text)
         req = Request(request_id, text, ids, params, spec_method=method,
                       spec_max_k=speculative.max_k if speculative else None, spec_domain=domain,
-                      spec_history=[method] if method else [], background=background)
+                      spec_history=[method] if method else [], background=background, grammar=grammar)
         self.scheduler.add_request(req)  # validates length and KV-pool fit
         if method is not None:
             self.speculator.admitted(method)
@@ -213,9 +216,13 @@ class LLMEngine:
             tokens = []
             for i, chunk in sampled:
                 req = self.requests[chunk.request_id]
-                row = process_logits(out.logits[out.cu_num_logits[i]], req.params, req.prompt_token_ids,
-                                     req.output_token_ids)
+                row = out.logits[out.cu_num_logits[i]]
+                if req.grammar is not None:
+                    row = req.grammar.mask(row)
+                row = process_logits(row, req.params, req.prompt_token_ids, req.output_token_ids)
                 tokens.append([int(row.argmax())])
+                if req.grammar is not None:
+                    req.grammar.consume(tokens[-1])
             return tokens, [0] * n
         draft_ids = torch.full((n, max_k), -1, dtype=torch.long)
         num_draft = torch.zeros(n, dtype=torch.long)
@@ -224,11 +231,14 @@ class LLMEngine:
         greedy = torch.zeros(n, dtype=torch.bool)
         uniforms = torch.zeros(n, max_k)
         noise = torch.ones(n, max_k + 1, vocab)
+        consumed = [0] * n   # drafts each request's grammar advanced over
         for r, (i, chunk) in enumerate(sampled):
             req = self.requests[chunk.request_id]
             k, p = chunk.num_drafts, req.params
             drafts = req.spec_token_ids
             rows = out.logits[out.cu_num_logits[i]:out.cu_num_logits[i + 1]]
+            if req.grammar is not None:
+                rows, consumed[r] = constrain(req.grammar, rows, drafts)
             for j in range(k + 1):
                 target[r, j] = process_logits(rows[j], p, req.prompt_token_ids, req.output_token_ids + drafts[:j])
             if k:
@@ -244,6 +254,10 @@ class LLMEngine:
         out_ids, num_accepted = self.rejection_sampler(draft_ids, num_draft, draft_probs, target, greedy, uniforms,
                                                        noise)
         tokens = [out_ids[r, : int(num_accepted[r]) + 1].tolist() for r in range(n)]
+        for r, (_, chunk) in enumerate(sampled):
+            grammar = self.requests[chunk.request_id].grammar
+            if grammar is not None:
+                settle(grammar, consumed[r], int(num_accepted[r]), tokens[r][-1])
         return tokens, num_accepted.tolist()
 
     def _accept(self, req: Request, chunk: ScheduledChunk, new: list[int], num_accepted: int,

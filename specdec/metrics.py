@@ -19,6 +19,8 @@ class SpecStats:
     verify_seconds: float = 0.0
     free_drafted_tokens: int = 0  # drafts from a lookup, not a model forward (a hybrid's free share)
     free_accepted_tokens: int = 0
+    forced_drafted_tokens: int = 0  # drafts a grammar allowed as the only continuation (structured outputs)
+    forced_accepted_tokens: int = 0
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         self.drafted_tokens += num_drafted

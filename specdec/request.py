@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from specdec.metrics import SpecStats
 from specdec.sampling_params import SamplingParams
@@ -67,6 +68,7 @@ class Request:
     spec_domain: str | None = None   # the guess of the prompt's domain (router, controller prior)
     spec_history: list[str] = field(default_factory=list)  # proposer ids it used, in order
     background: bool = False         # low priority (shadow A/B): admitted when nothing else waits
+    grammar: Any = None              # its structured output's Matcher (sample/structured.py); None: unconstrained
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -105,8 +107,13 @@ class RequestStats:
     per_position_acceptance: list[float] = field(default_factory=list)  # P(accept i | reached i)
     free_drafted_tokens: int = 0           # of drafted_tokens: from a lookup, not a model (the hybrid's share)
     free_accepted_tokens: int = 0
+    forced_drafted_tokens: int = 0         # of drafted_tokens: forced by the request's grammar
+    forced_accepted_tokens: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    structured: str | None = None          # the structured output's kind; None: unconstrained
+    mask_seconds: float = 0.0              # computing the grammar's token masks (target and draft rows)
+    num_masks: int = 0
 
     @classmethod
     def from_request(cls, req: Request, precision: str, method: str = "none", proposer: str | None = None,
@@ -136,8 +143,13 @@ class RequestStats:
             per_position_acceptance=req.spec.per_position_acceptance,
             free_drafted_tokens=req.spec.free_drafted_tokens,
             free_accepted_tokens=req.spec.free_accepted_tokens,
+            forced_drafted_tokens=req.spec.forced_drafted_tokens,
+            forced_accepted_tokens=req.spec.forced_accepted_tokens,
             draft_seconds=req.spec.draft_seconds,
             verify_seconds=req.spec.verify_seconds,
+            structured=req.params.structured.kind if req.params.structured is not None else None,
+            mask_seconds=req.grammar.mask_seconds if req.grammar is not None else 0.0,
+            num_masks=req.grammar.num_masks if req.grammar is not None else 0,
         )
 
 

@@ -5,10 +5,48 @@ request touches the engine.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_LOGPROBS = 20
+STRUCTURED_KINDS = ("json", "json_schema", "regex", "grammar", "choice")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on a request's output, enforced token by token (sample/structured.py).
+
+    kind: "json" (any JSON object), "json_schema" (`spec`: a schema, as a dict or its JSON text),
+    "regex" (`spec`: a regular expression over the whole output), "grammar" (`spec`: a Lark or GBNF
+    context-free grammar) or "choice" (`spec`: the list of strings allowed). The shape is checked
+    here; the schema, regex or grammar itself when the engine compiles it (a ValueError)."""
+    kind: str
+    spec: Any = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"structured output kind must be one of {', '.join(STRUCTURED_KINDS)}, got {self.kind!r}")
+        if self.kind == "json_schema":
+            schema = self.spec
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"the JSON schema is not valid JSON: {e}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError("a JSON schema must be an object (or true / false)")
+        elif self.kind in ("regex", "grammar"):
+            if not isinstance(self.spec, str) or not self.spec:
+                raise ValueError(f"a {self.kind} must be a non-empty string")
+        elif self.kind == "choice":
+            if (not isinstance(self.spec, (list, tuple)) or not self.spec
+                    or any(not isinstance(c, str) or not c for c in self.spec)):
+                raise ValueError("choice must be a non-empty list of non-empty strings")
+            object.__setattr__(self, "spec", tuple(self.spec))
+        elif self.spec is not None:
+            raise ValueError("structured output 'json' takes no spec")
 
 
 @dataclass
@@ -27,6 +65,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per generated token
     skip_special_tokens: bool = True
+    structured: StructuredOutput | None = None  # a JSON schema, regex, grammar or choice the output must match
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -62,6 +101,10 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative integers")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise ValueError("structured must be a StructuredOutput")
+        if self.structured is not None and self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with structured output: the grammar decides where it ends")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 

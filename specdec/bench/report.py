@@ -69,6 +69,8 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "bench-serve-agentic-xeon": ("2026-12-01", "xeon", "the agentic session under Poisson arrivals, plain and "
                                  "suffix"),
     "bench-soak-xeon": ("2026-12-01", "xeon", "a server process under 8 misbehaving clients for 10 minutes"),
+    "bench-structured-xeon": ("2026-12-01", "xeon", "constrained decoding on the structured set: plain, "
+                              "grammar-forced drafts, suffix"),
 }
 ARM_LABELS = {
     "plain": "plain", "draft_fixed": "draft, fixed k", "draft_cost_model": "draft, cost model",
@@ -174,6 +176,12 @@ def soak_command(data: dict) -> str:
             + (f" --draft {data['draft']}" if data.get("draft") else ""))
 
 
+def structured_command(data: dict) -> str:
+    return (f"specdec bench structured --model {data['model']} --precision {data['precision']} "
+            f"--arms {','.join(data['summary'])} --repeats {data['repeats']} --max-tokens {data['max_tokens']} "
+            f"-k {data['k']}" + (f" --draft {data['draft']}" if data.get("draft") else ""))
+
+
 def steps_command(data: dict) -> str:
     rows = sorted({r["rows"] for r in data["results"]})
     dtypes = list(dict.fromkeys(r["precision"] for r in data["results"]))
@@ -183,6 +191,8 @@ def steps_command(data: dict) -> str:
 
 def command(data: dict) -> str:
     """The command line that reproduces the run, rebuilt from the configuration its JSON records."""
+    if data.get("mode") == "structured":
+        return structured_command(data)
     if "runs" in data and "summary" in data:
         return spec_command(data)
     if "prompts" in data and "summary" in data:
@@ -300,6 +310,18 @@ def view_soak(data: dict) -> str:
                    f"{data['error_log_lines']} ERROR lines in the server's log, exit code {data['server_exit_code']}.")
 
 
+def view_structured(data: dict) -> str:
+    """Per arm: whole-request speedup over plain constrained decoding, validity, forced share, mask cost."""
+    rows = []
+    for arm, s in data["summary"].items():
+        speed = "1" if arm == "plain" else f"{num(s['speedup_median'])}× ({num(s['speedup_min'])}–{num(s['speedup_max'])})"
+        rows.append([arm, speed, f"{num(s['speedup_total'])}×", num(s["tokens_per_second_median"]),
+                     f"{100 * s['valid_fraction']:.0f} %", f"{100 * s['same_as_plain_fraction']:.0f} %",
+                     f"{100 * s['forced_share']:.0f} %", num(s["acceptance"]), num(s["mask_ms_mean"], 3)])
+    return table(["arm", "speedup, median (min–max)", "whole set", "tok/s", "valid", "same as plain",
+                  "forced tokens", "acceptance", "mask ms"], rows, right_from=1)
+
+
 def view_steps(data: dict) -> str:
     """ms per forward (median) by new rows, per model and dtype; the draft's cost ratio c."""
     counts = sorted({r["rows"] for r in data["results"]})
@@ -360,7 +382,7 @@ def view_history(root: Path, doc: Path) -> str:
     for stem in SOURCES:
         path = root / "docs" / "results" / f"{stem}.json"
         data = json.loads(path.read_text()) if path.exists() else {}
-        if "runs" in data and "summary" in data:  # an arm sweep (`specdec bench`)
+        if "runs" in data and "summary" in data and data.get("mode") != "structured":  # an arm sweep (`specdec bench`)
             rows.append(history_row(root, doc, stem, data))
     note = ("Decode-only tokens/s and ratios to our plain decoding: each set's median, then the range over "
             "the sets. * marks a run that predates the decode-only figures: its rates and ratios cover the "
@@ -392,7 +414,7 @@ def view_lines(root: Path, doc: Path) -> str:
 
 
 TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view_precision,
-               "serve": view_serve, "soak": view_soak, "steps": view_steps, "row-invariance": view_row_invariance}
+               "serve": view_serve, "soak": view_soak, "structured": view_structured, "steps": view_steps, "row-invariance": view_row_invariance}
 DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
 
 

@@ -1,4 +1,4 @@
-"""`specdec bench [spec|decode|serve|soak|precision|threads|steps]`: one parser for every benchmark mode;
+"""`specdec bench [spec|decode|serve|soak|structured|precision|threads|steps]`: one parser for every benchmark mode;
 each mode's runner lives in specdec/bench/ and reads the flags it needs."""
 from __future__ import annotations
 
@@ -8,16 +8,20 @@ from specdec.commands.args import DRAFT_PRECISION_HELP, add_model_args
 from specdec.config import PRECISIONS, SPEC_POLICIES
 from specdec.prompts import SETS, set_path
 
-MODES = ("spec", "decode", "serve", "soak", "precision", "threads", "steps")
+MODES = ("spec", "decode", "serve", "soak", "structured", "precision", "threads", "steps")
 _OUTPUTS = {"precision": "bench-precision", "threads": "bench-threads", "steps": "bench-steps",
-            "serve": "bench-serve", "soak": "bench-soak"}  # default --out / --plot stems; the others write bench.json / bench.png
-_ARMS = {"serve": "plain,draft", "spec": "plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid"}
+            "serve": "bench-serve", "soak": "bench-soak", "structured": "bench-structured"}  # default --out / --plot stems; the others write bench.json / bench.png
+_ARMS = {"serve": "plain,draft", "spec": "plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid",
+         "structured": "plain,forced,suffix,hybrid"}
+_PROMPTS = {"decode": str(set_path("code_gen")), "structured": str(set_path("structured"))}
+_MAX_TOKENS = {"structured": 384}
+_NUM_PROMPTS = {"structured": 0}   # a structured output ends where its grammar does: room to get there
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="benchmark: plain vs speculative arms (spec, the default), plain decoding "
                                      "alone (decode), serving under Poisson arrivals (serve), a server process under "
-                                     "concurrent mixed clients (soak), precision modes "
+                                     "concurrent mixed clients (soak), constrained decoding on the structured set (structured), precision modes "
                                      "against float32 (precision), thread counts under competition (threads), "
                                      "forward cost by row count on random weights, any device (steps)")
     b.add_argument("mode", nargs="?", choices=MODES, default="spec")
@@ -30,9 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="prompt sets (spec: each run in file order through one engine per arm; serve: the "
                         "request pool, shuffled unless --in-order)")
     b.add_argument("-k", type=int, default=4)
-    b.add_argument("--prompts-file", default=str(set_path("code_gen")), help="decode mode: the prompt set")
-    b.add_argument("--num-prompts", type=int, default=3, help="prompts per set")
-    b.add_argument("--max-tokens", type=int, default=64)
+    b.add_argument("--prompts-file", default=None,
+                   help="decode: the prompt set (default code_gen); structured: the JSONL set (default structured)")
+    b.add_argument("--num-prompts", type=int, default=None, help="prompts per set (default 3; structured: 0, all)")
+    b.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 64; structured 384)")
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--until-eos", action="store_true",
                    help="spec, serve: a request ends at EOS as a client's would (--max-tokens is the cap); "
@@ -86,7 +91,10 @@ def _with_mode_defaults(a: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(a),
                                  "out": f"{stem}.json" if stem and a.out == "bench.json" else a.out,
                                  "plot": f"{stem}.png" if stem and a.plot == "bench.png" else a.plot,
-                                 "arms": a.arms or _ARMS.get(a.mode)})
+                                 "arms": a.arms or _ARMS.get(a.mode),
+                                 "prompts_file": a.prompts_file or _PROMPTS.get(a.mode),
+                                 "max_tokens": a.max_tokens or _MAX_TOKENS.get(a.mode, 64),
+                                 "num_prompts": a.num_prompts if a.num_prompts is not None else _NUM_PROMPTS.get(a.mode, 3)})
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -110,6 +118,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         if a.clients < 1 or a.minutes <= 0 or a.max_requests < 0 or a.warmup_minutes < 0:
             raise ValueError("--clients must be >= 1, --minutes > 0, --max-requests and --warmup-minutes >= 0")
         run_soak_bench(a)
+    elif a.mode == "structured":
+        from specdec.bench.structured import run_structured_bench
+        run_structured_bench(a)
     elif a.mode == "serve":
         from specdec.bench.serve_bench import run_serve_bench
         run_serve_bench(a)

@@ -1,5 +1,6 @@
 """`specdec generate`: text for prompts given as arguments or in a JSONL file; with --json, one JSON
-Lines record per prompt on stdout; with --compare-plain, plain decoding on the same weights too."""
+Lines record per prompt on stdout; with --compare-plain, plain decoding on the same weights too;
+with --json-schema / --json-object / --regex / --grammar / --choice, output constrained to match."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,7 @@ from specdec.commands.args import (
 )
 from specdec.config import EngineConfig, ModelConfig, SpeculativeConfig
 from specdec.prompts import read_prompts_file
+from specdec.sampling_params import StructuredOutput
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--json", action="store_true", help="JSON Lines on stdout, one per prompt")
     g.add_argument("--batch", action="store_true", help="submit all prompts at once (default: one after another)")
     g.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
+    c = g.add_mutually_exclusive_group()
+    c.add_argument("--json-schema", metavar="FILE", help="constrain the output to this JSON schema (a JSON file)")
+    c.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
+    c.add_argument("--regex", help="constrain the output to this regular expression")
+    c.add_argument("--grammar", metavar="FILE", help="constrain the output to this Lark or GBNF grammar")
+    c.add_argument("--choice", action="append", help="constrain the output to one of these strings (repeatable)")
     g.add_argument("prompts", nargs="*")
     g.set_defaults(func=cmd_generate)
 
@@ -49,7 +57,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     prompts = read_prompts_file(a.prompts_file) if a.prompts_file else a.prompts
     if not prompts:
         raise ValueError("no prompt given")
-    params = sampling_params(a)
+    params = dataclasses.replace(sampling_params(a), structured=structured_output(a))
     llm = LLM(config=engine_config(a, speculative_config(a)))
     eng = llm.engine
     print(f"model {eng.loaded.name} ({eng.precision}, {a.device}) loaded in {eng.loaded.load_seconds:.1f}s",
@@ -70,6 +78,27 @@ def cmd_generate(a: argparse.Namespace) -> int:
     for prompt, out in zip(prompts, outputs):
         _print_output(a, prompt, out)
     return 0
+
+
+def structured_output(a: argparse.Namespace) -> StructuredOutput | None:
+    """The output constraint the flags ask for (a file that cannot be read is a ValueError)."""
+    if a.json_schema:
+        return StructuredOutput("json_schema", _read(a.json_schema, "--json-schema"))
+    if a.grammar:
+        return StructuredOutput("grammar", _read(a.grammar, "--grammar"))
+    if a.json_object:
+        return StructuredOutput("json")
+    if a.regex is not None:
+        return StructuredOutput("regex", a.regex)
+    return StructuredOutput("choice", a.choice) if a.choice else None
+
+
+def _read(path: str, flag: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{flag}: cannot read {path}: {e.strerror}") from None
 
 
 def _print_output(a: argparse.Namespace, prompt: str, out) -> None:
@@ -94,6 +123,8 @@ def _stats_line(s) -> str:
                  f"drafted {s.drafted_tokens}, accepted {s.accepted_tokens}")
         if s.method == "hybrid" and s.drafted_tokens:
             line += f" ({s.free_drafted_tokens} drafted and {s.free_accepted_tokens} accepted from the suffix lookup)"
+        if s.forced_drafted_tokens:
+            line += f", {s.forced_accepted_tokens} of them forced by the grammar"
     return line
 
 

@@ -203,10 +203,17 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """The tokenizer in the `tokenizers` JSON format (what grammar engines read)."""
+        return self._tok.to_str()
+
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """The conversation as the model's prompt; `tools`: OpenAI tool definitions, which the template
+        renders in its own format (Qwen2.5's <tools> block)."""
         if self.chat_template is None:
             raise ValueError("this model has no chat template")
         if self._template is None:
@@ -223,7 +230,7 @@ class Tokenizer:
 
         eos = name(self.eos_token_ids[0]) if self.eos_token_ids else None
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=name(self.bos_token_id), eos_token=eos)
+                                     bos_token=name(self.bos_token_id), eos_token=eos, tools=tools or None)
 
     def _ends_mid_char(self, ids: list[int], skip_special_tokens: bool) -> bool:
         """Whether the decoded bytes of `ids` end inside a multi-byte UTF-8 character."""

@@ -69,6 +69,8 @@ def install_error_handlers(app: FastAPI, on_reject: Callable[[int], None], retry
         if first.get("type") == "json_invalid":
             return error(400, "request body is not valid JSON")
         msg = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        if first.get("type") == "extra_forbidden":
+            msg = "unrecognized field: this server does not implement it"
         return error(400, f"{'.'.join(loc) or 'body'}: {msg}", ".".join(loc) or None)
 
     @app.exception_handler(StarletteHTTPException)

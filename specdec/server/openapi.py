@@ -53,9 +53,21 @@ class Completion(_Doc):
     speculative: dict[str, Any]
 
 
+class FunctionCallOut(_Doc):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(_Doc):
+    id: str
+    type: str
+    function: FunctionCallOut
+
+
 class ChatMessageOut(_Doc):
     role: str
     content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(_Doc):

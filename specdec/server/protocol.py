@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specdec.request import SpecOptions
-from specdec.sampling_params import MAX_LOGPROBS, SamplingParams
+from specdec.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutput
 
 MAX_STOP = 16          # stop strings per request
 MAX_TOP_LOGPROBS = MAX_LOGPROBS
@@ -32,8 +32,8 @@ def _unicode(v: Any) -> Any:
 
 
 class _Strict(BaseModel):
-    # unknown fields (user, logit_bias, ...) are accepted and ignored, as OpenAI-compatible servers do
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+    # a field this server does not implement is a 400 naming it, never silently dropped
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", populate_by_name=True)
 
     @field_validator("*")
     @classmethod
@@ -60,6 +60,18 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    name: str = Field(default="response", min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | bool = Field(default=True, alias="schema")
+    strict: bool | None = None   # the schema is enforced either way
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _Sampling(_Strict):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -79,6 +91,16 @@ class _Sampling(_Strict):
     ignore_eos: bool = False
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
     speculative: SpeculativeRequest | None = None
+    # structured output: OpenAI's response_format, or vLLM's guided_* fields (through extra_body)
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = Field(default=None, min_length=1)
+    guided_grammar: str | None = Field(default=None, min_length=1)
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    # accepted and ignored (bookkeeping in OpenAI's API)
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -90,14 +112,35 @@ class _Sampling(_Strict):
             raise ValueError("stop strings must be non-empty")
         return stops
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0) -> SamplingParams:
+    def structured(self) -> tuple[StructuredOutput, str] | None:
+        """The requested output constraint and the field that asked for it. Raises ValueError for
+        two at once or a malformed one."""
+        chosen = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            chosen.append((StructuredOutput("json"), "response_format"))
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None:
+                raise ValueError("response_format: type json_schema needs a json_schema object")
+            chosen.append((StructuredOutput("json_schema", rf.json_schema.schema_), "response_format"))
+        for name, kind in (("guided_json", "json_schema"), ("guided_regex", "regex"),
+                           ("guided_grammar", "grammar"), ("guided_choice", "choice")):
+            value = getattr(self, name)
+            if value is not None:
+                chosen.append((StructuredOutput(kind, value), name))
+        if len(chosen) > 1:
+            raise ValueError(f"at most one output constraint per request, got {', '.join(f for _, f in chosen)}")
+        return chosen[0] if chosen else None
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0,
+                        structured: StructuredOutput | None = None) -> SamplingParams:
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             seed=None if self.seed is None else (self.seed + seed_offset) % 2**63,
             max_tokens=max_tokens, stop=list(self.stop or []), stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, logprobs=logprobs)
+            ignore_eos=self.ignore_eos, logprobs=logprobs, structured=structured)
 
 
 class CompletionRequest(_Sampling):
@@ -117,9 +160,24 @@ class CompletionRequest(_Sampling):
         return list(p)  # type: ignore[arg-type]
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str   # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None     # an assistant turn that called tools
+    tool_call_id: str | None = None              # a tool's result answers this call
+    refusal: str | None = None                   # echoed back by clients; ignored
 
     def text(self) -> str:
         if isinstance(self.content, list):  # content parts: only text is supported
@@ -132,8 +190,32 @@ class ChatMessage(_Strict):
         return self.content or ""
 
 
+class FunctionDefinition(_Strict):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None   # the parameters' schema is enforced whenever a call is required
+
+
+class ToolDefinition(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)

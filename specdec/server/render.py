@@ -45,7 +45,9 @@ def spec_summary(outs: list[RequestOutput]) -> dict:
             "drafted_tokens": drafted, "accepted_tokens": accepted,
             "acceptance_rate": accepted / drafted if drafted else None, "mean_accepted_length": mal,
             "free_drafted_tokens": sum(o.stats.free_drafted_tokens for o in outs),
-            "free_accepted_tokens": sum(o.stats.free_accepted_tokens for o in outs)}
+            "free_accepted_tokens": sum(o.stats.free_accepted_tokens for o in outs),
+            "forced_drafted_tokens": sum(o.stats.forced_drafted_tokens for o in outs),
+            "forced_accepted_tokens": sum(o.stats.forced_accepted_tokens for o in outs)}
 
 
 def completion_logprobs(tok: Decoder, out: RequestOutput) -> dict | None:

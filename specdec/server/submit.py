@@ -4,9 +4,11 @@ sampling parameters and speculative options (a bad value is a 400), the server's
 refused here changes nothing in the engine."""
 from __future__ import annotations
 
+import asyncio
+
 from specdec.engine import QueueFull
 from specdec.request import SpecOptions
-from specdec.sampling_params import SamplingParams
+from specdec.sampling_params import SamplingParams, StructuredOutput
 from specdec.server.async_engine import RequestStream
 from specdec.server.context import ServerContext
 from specdec.server.errors import APIError
@@ -75,12 +77,33 @@ async def start(ctx: ServerContext, jobs: list[Job], spec: SpecOptions | None) -
     return streams
 
 
-def sampling(body, max_tokens: int, logprobs: int | None, j: int) -> SamplingParams:
+def sampling(body, max_tokens: int, logprobs: int | None, j: int,
+             structured: StructuredOutput | None = None) -> SamplingParams:
     """The sampling parameters of choice j (its seed offset by j)."""
     try:
-        return body.sampling_params(max_tokens, logprobs, seed_offset=j)
+        return body.sampling_params(max_tokens, logprobs, seed_offset=j, structured=structured)
     except ValueError as e:
         raise APIError(400, str(e)) from None
+
+
+async def compile_structured(ctx: ServerContext, structured: StructuredOutput, param: str) -> StructuredOutput:
+    """Check a constraint against the model's tokenizer before anything is queued: an invalid schema,
+    regex or grammar is a 400 naming the field (compiled off the event loop: the first one also
+    builds the grammar engine's view of the vocabulary)."""
+    try:
+        await asyncio.to_thread(ctx.ready_engine().grammars.compile, structured)
+    except ValueError as e:
+        raise APIError(400, f"{param}: {e}", param) from None
+    return structured
+
+
+async def requested_structure(ctx: ServerContext, body) -> StructuredOutput | None:
+    """The request's response_format / guided_* constraint, checked; None: unconstrained."""
+    try:
+        found = body.structured()
+    except ValueError as e:
+        raise APIError(400, str(e), "response_format") from None
+    return None if found is None else await compile_structured(ctx, *found)
 
 
 def spec_options(body) -> SpecOptions | None:

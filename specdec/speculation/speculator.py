@@ -20,7 +20,7 @@ rejection sampling keeps the output the target's, so every choice made here only
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -48,7 +48,9 @@ class _Planned:
     num_emitted_before: int   # the request's output length when the step began
     cap: int = 0              # the most drafts it may propose this step
     own: bool = False         # its proposer sizes its own drafts: charged for what it drafted
-    proposal: DraftProposal | None = None
+    proposal: DraftProposal | None = None   # the proposer's drafts, as verified (after `forced`)
+    forced: list[int] = field(default_factory=list)   # grammar-forced drafts ahead of the proposer's
+    proposed: int = 0         # drafts the proposer returned (its state holds them; the grammar may cut some)
 
 
 class Speculator:
@@ -128,13 +130,18 @@ class Speculator:
         """Set each decoding request's drafts for this step (request.spec_token_ids)."""
         self._explored = False
         self._planned = self._plan(running)
+        forced = self._force(running)
         by_proposer: dict[str, list[Request]] = {}
         for req in running:
             planned = self._planned.get(req.request_id)
             if planned is not None and planned.cap:
                 by_proposer.setdefault(req.spec_method, []).append(req)
-        for proposer_id, reqs in by_proposer.items():
-            self._propose_with(proposer_id, reqs)
+        try:
+            for proposer_id, reqs in by_proposer.items():
+                self._propose_with(proposer_id, reqs)
+        finally:
+            for req in forced:
+                req.grammar.rollback(len(self._planned[req.request_id].forced))
         for req in running:   # the router's cost of a request: what was actually drafted
             planned = self._planned.get(req.request_id)
             if planned is not None and planned.own:
@@ -174,11 +181,33 @@ class Speculator:
             planned[req.request_id] = _Planned(pid, catch_up, len(req.output_token_ids), cap, own)
         return planned
 
+    def _force(self, running: list[Request]) -> list[Request]:
+        """Grammar-forced drafts (jump-forward, verified like any draft): where a request's grammar
+        allows one continuation, those tokens lead its drafts and the proposer drafts after them.
+        Each such request's matcher is left advanced over them (propose rolls it back); returns them."""
+        advanced = []
+        for req in running:
+            planned = self._planned.get(req.request_id)
+            if planned is None or req.grammar is None:
+                continue
+            remaining = min(req.params.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens)
+            planned.forced = req.grammar.forced(min(self.reserve, remaining - 1))
+            if planned.forced:
+                req.grammar.consume(planned.forced)
+                advanced.append(req)
+                planned.cap = min(planned.cap, min(self.reserve, remaining - 1) - len(planned.forced))
+                req.num_spec_tokens = min(req.num_spec_tokens, planned.cap)
+                req.spec_token_ids = list(planned.forced)
+        return advanced
+
     def _propose_with(self, proposer_id: str, reqs: list[Request]) -> None:
         proposer, controller = self.drafts.proposers[proposer_id], self.drafts.controllers[proposer_id]
         asked = [self._planned[r.request_id].cap for r in reqs]
+        # a request with forced drafts is seen as if they were already its output: drafts continue after them
+        views = [replace(r, output_token_ids=r.output_token_ids + self._planned[r.request_id].forced)
+                 if self._planned[r.request_id].forced else r for r in reqs]
         try:
-            drafts = proposer.propose(reqs, asked)
+            drafts = proposer.propose(views, asked)
         except Exception:  # a proposer failure costs speed, never a request
             log.exception("proposer %s failed; speculation disabled for %d request(s)", proposer.name, len(reqs))
             self.num_proposer_errors += 1
@@ -189,10 +218,14 @@ class Speculator:
         model_free = not registry.get(self.drafts.kinds[proposer_id]).needs_model
         self._record_draft_costs(controller, drafts, len(reqs), max(asked), model_free)
         for req, k, prop in zip(reqs, asked, drafts.proposals):
+            planned = self._planned[req.request_id]
             tokens = prop.token_ids[:k]
+            planned.proposed = len(tokens)
+            if req.grammar is not None:  # drafts the grammar forbids would be rejected: not verified at all
+                tokens = tokens[: req.grammar.valid_prefix(tokens)]
             probs = None if prop.probs is None else prop.probs[: len(tokens)]
-            self._planned[req.request_id].proposal = DraftProposal(tokens, probs, prop.free)
-            req.spec_token_ids = list(tokens)
+            planned.proposal = DraftProposal(tokens, probs, prop.free)
+            req.spec_token_ids = planned.forced + list(tokens)
             req.spec.draft_seconds += drafts.seconds
 
     def _record_draft_costs(self, controller: SpecController, drafts: Drafts, num_requests: int, max_k: int,
@@ -210,7 +243,12 @@ class Speculator:
         planned = self._planned.get(req.request_id)
         if planned is None or planned.proposal is None or planned.proposal.probs is None:
             return None
-        return planned.proposal.probs[: len(req.spec_token_ids)]
+        probs = planned.proposal.probs
+        if planned.forced:  # forced drafts are one-hot
+            one_hot = torch.zeros(len(planned.forced), probs.shape[-1], dtype=probs.dtype)
+            one_hot[torch.arange(len(planned.forced)), torch.tensor(planned.forced)] = 1.0
+            probs = torch.cat([one_hot, probs])
+        return probs[: len(req.spec_token_ids)]
 
     def verified(self, req: Request, num_drafted: int, num_accepted: int, num_emitted: int, decoding: bool,
                  finished: bool) -> None:
@@ -222,8 +260,12 @@ class Speculator:
         controller, fell_back = self.drafts.controllers[pid], False
         planned = self._planned.get(req.request_id)
         free = planned is not None and planned.proposal is not None and planned.proposal.free
+        proposed = planned.proposed if planned is not None else num_drafted
         if num_drafted:
-            req.spec.record(num_drafted, num_accepted)
+            req.spec.record(num_drafted, num_accepted)   # every draft, forced ones included
+        in_step = True   # the proposer's state still follows the output
+        if planned is not None and planned.forced:
+            num_drafted, num_accepted, in_step = self._forced_verified(req, planned, num_drafted, num_accepted)
         if num_drafted and free:  # a lookup's drafts: not the draft model's acceptance
             st = self.free_drafts.setdefault(pid, FreeDraftStats())
             st.drafted_tokens, st.accepted_tokens, st.rounds = (st.drafted_tokens + num_drafted,
@@ -236,10 +278,28 @@ class Speculator:
             controller.credit(req.request_id, num_emitted)
         if finished:
             return
-        proposed = len(planned.proposal.token_ids) if planned and planned.proposal else num_drafted
-        self.drafts.proposers[pid].on_verified(req, proposed, num_accepted)
+        if in_step or not proposed:
+            self.drafts.proposers[pid].on_verified(req, proposed, num_accepted)
+        else:  # a forced draft was rejected after the proposer had drafted past it: it starts over
+            self.drafts.proposers[pid].free(req.request_id)
         if fell_back and self.drafts.router is not None:
             self.drafts.move(req, "acceptance collapsed")
+
+    def _forced_verified(self, req: Request, planned: _Planned, num_drafted: int, num_accepted: int
+                         ) -> tuple[int, int, bool]:
+        """Count the forced drafts apart; returns the proposer's own drafts (drafted, accepted) and
+        whether every forced draft was kept (a rejected one, rare, leaves the proposer's drafts
+        unverified: (0, 0, False))."""
+        num_forced = min(len(planned.forced), num_drafted)
+        kept = min(num_accepted, num_forced)
+        req.spec.forced_drafted_tokens += num_forced
+        req.spec.forced_accepted_tokens += kept
+        st = self.free_drafts.setdefault("grammar", FreeDraftStats())
+        st.drafted_tokens, st.accepted_tokens, st.rounds = (st.drafted_tokens + num_forced,
+                                                            st.accepted_tokens + kept, st.rounds + 1)
+        if kept < num_forced:
+            return 0, 0, False
+        return num_drafted - num_forced, num_accepted - num_forced, True
 
     def end_step(self, sched: SchedulerOutput, requests: dict[str, Request], out: ModelRunnerOutput,
                  seconds: float) -> None:
@@ -250,10 +310,12 @@ class Speculator:
         scheduled = {c.request_id for c in sched.chunks}
         for rid, planned in list(self._planned.items()):
             req = requests.get(rid)
-            if rid not in scheduled and req is not None and planned.proposal and planned.proposal.token_ids:
+            if rid not in scheduled and req is not None and planned.proposed:
                 proposer = self.drafts.proposers.get(planned.proposer_id)
-                if proposer is not None:
-                    proposer.on_verified(req, len(planned.proposal.token_ids), 0)
+                if proposer is not None and planned.forced:  # it drafted past forced tokens never verified
+                    proposer.free(rid)
+                elif proposer is not None:
+                    proposer.on_verified(req, planned.proposed, 0)
         self._planned = {}
 
     def _record_step(self, sched: SchedulerOutput, requests: dict[str, Request], seconds: float,
@@ -343,4 +405,5 @@ class Speculator:
                                 d.router.num_switches if d.router is not None else 0,
                                 d.num_loads, d.num_unloads, d.num_load_failures, self.num_proposer_errors,
                                 [c.stats() for c in d.shared.values()],
-                                {self.name_of(i): FreeDraftStats(**vars(s)) for i, s in self.free_drafts.items()})
+                                {(self.name_of(i) if i != "grammar" else i): FreeDraftStats(**vars(s))
+                                 for i, s in self.free_drafts.items()})

@@ -7,6 +7,7 @@ import uuid
 from fastapi import APIRouter, Depends, Request
 
 from specdec.request import RequestOutput
+from specdec.sampling_params import StructuredOutput
 from specdec.server.context import ServerContext, context
 from specdec.server.errors import APIError
 from specdec.server.middleware import check_auth
@@ -14,14 +15,14 @@ from specdec.server.openapi import Completion, errors, ok
 from specdec.server.protocol import CompletionRequest
 from specdec.server.render import Sub, completion_logprobs, spec_summary, usage_of
 from specdec.server.streaming import collect, event_stream
-from specdec.server.submit import Job, check_request, prepare, sampling, spec_options, start
+from specdec.server.submit import Job, check_request, prepare, requested_structure, sampling, spec_options, start
 
 router = APIRouter()
 
 
-def _jobs(ctx: ServerContext, body: CompletionRequest) -> tuple[list[Job], list[Sub]]:
+def _jobs(ctx: ServerContext, body: CompletionRequest, structured: StructuredOutput | None
+          ) -> tuple[list[Job], list[Sub]]:
     """Every (prompt, choice) pair as an engine job, in choice-index order."""
-    check_request(ctx, body)
     prompts = body.prompts()
     if not prompts:
         raise APIError(400, "prompt is empty", "prompt")
@@ -33,7 +34,7 @@ def _jobs(ctx: ServerContext, body: CompletionRequest) -> tuple[list[Job], list[
         ids, max_tokens = prepare(ctx, p, body.max_tokens, "prompt")
         text = p if isinstance(p, str) else tok.decode(ids)
         for j in range(body.n):
-            jobs.append((ids, sampling(body, max_tokens, body.logprobs, j)))
+            jobs.append((ids, sampling(body, max_tokens, body.logprobs, j, structured)))
             subs.append(Sub(i * body.n + j, i, len(ids), text))
     return jobs, subs
 
@@ -42,7 +43,8 @@ def _jobs(ctx: ServerContext, body: CompletionRequest) -> tuple[list[Job], list[
              responses={**ok(Completion, stream=True), **errors(400, 401, 404, 413, 429, 503)})
 async def completions(body: CompletionRequest, request: Request, ctx: ServerContext = Depends(context)):
     ctx.admit(body.model)
-    jobs, subs = _jobs(ctx, body)
+    check_request(ctx, body)
+    jobs, subs = _jobs(ctx, body, await requested_structure(ctx, body))
     streams = await start(ctx, jobs, spec_options(body))
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     tok = ctx.ready_engine().tokenizer

@@ -12,6 +12,11 @@ most drafts the engine allows (num_tokens) and the controller's k for a model dr
 Drafts marked `free` came from a lookup, not a model forward: they do not count as the draft
 model's acceptance.
 
+A request with a grammar (structured output) may come with tokens its grammar forces already
+appended to `output_token_ids` (a view: `num_computed_tokens` still counts the committed ones):
+the proposer drafts what follows them, masking with `request.grammar` where it forms a
+distribution, and is told about its own drafts only in `on_verified`.
+
 A kind whose registry entry says `has_kv_pool` also exposes `kv` (its KVCacheManager: the
 scheduler admits a request only where both pools have room) and `row_align` (the rows its
 forwards pad to, for the cost model).

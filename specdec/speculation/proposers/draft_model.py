@@ -116,6 +116,7 @@ class DraftModelProposer:
             active.append((i, req, k))
         drafts: dict[int, list[int]] = {i: [] for i, _, _ in active}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in active}
+        grammars = {i: [req.grammar, 0] for i, req, _ in active if req.grammar is not None}  # [matcher, advanced]
         step = 0
         while active:
             chunks = []
@@ -128,14 +129,22 @@ class DraftModelProposer:
             rows = sum(len(c.token_ids) for c in chunks)
             out = self.runner.execute(SchedulerOutput(chunks, rows, self.kv.take_pending_copies()))
             forward_costs.append((rows, None if out.exploring else out.forward_seconds))
+            ended = set()
             for row, (i, req, _) in enumerate(active):
                 token, q = self._sample(req, out.logits[row, : self.vocab_size], drafts[i])
                 drafts[i].append(token)
                 if q is not None:
                     probs[i].append(q)
+                if i in grammars:  # the next draft's mask is the state after this one
+                    advanced = grammars[i][0].consume([token])
+                    grammars[i][1] += advanced
+                    if not advanced:
+                        ended.add(i)
             step += 1
             # the last draft is never fed: its K/V would be computed by the next catch-up anyway
-            active = [(i, req, k) for i, req, k in active if k > step]
+            active = [(i, req, k) for i, req, k in active if k > step and i not in ended]
+        for matcher, advanced in grammars.values():
+            matcher.rollback(advanced)
         result = [DraftProposal([]) for _ in requests]
         for i in drafts:
             result[i] = DraftProposal(drafts[i], torch.stack(probs[i]) if probs[i] else None)
@@ -143,6 +152,11 @@ class DraftModelProposer:
 
     def _sample(self, req: Request, logits: torch.Tensor, drafts: list[int]) -> tuple[int, torch.Tensor | None]:
         p = req.params
+        if req.grammar is not None:  # the target's rows get the same mask (sample/structured.py)
+            masked = req.grammar.mask(logits)
+            # nothing the grammar allows is in a reduced draft vocabulary: an unconstrained guess, trimmed
+            # before verification (the drafts stop there)
+            logits = masked if bool(torch.isfinite(masked).any()) else logits
         processed = process_logits(logits, p, req.prompt_token_ids, req.output_token_ids + drafts)
         if p.greedy:
             return int(processed.argmax()), None

@@ -91,7 +91,8 @@ class SuffixProposer:
         if local is None:
             local = self.local[req.request_id] = _Local(SuffixIndex(), [])
         seen = len(local.index.seqs.get(0, ()))
-        local.index.extend(0, tokens[seen:])
+        # only committed tokens join the index: `tokens` may end with drafts fixed earlier in the step
+        local.index.extend(0, tokens[seen: req.num_computed_tokens + 1])
         own = local.index.draft(tokens, k, self.limits)
         other = self.cache.draft(tokens, k, self.limits)
         return own if own.score >= other.score else other
