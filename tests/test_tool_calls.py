@@ -1,6 +1,6 @@
-"""specdec/server/tools.py: tools checking, the tool-call grammar (llguidance, on a byte-level
-tokenizer with <tool_call> / </tool_call> as special tokens), parsing and streaming of calls, and
-messages for the chat template."""
+"""specdec/server/tools.py and tool_calls.py: tools checking, the tool-call grammar (llguidance, on a
+byte-level tokenizer with <tool_call> / </tool_call> as special tokens), parsing and streaming of
+calls, and messages for the chat template."""
 from __future__ import annotations
 
 import copy
@@ -10,8 +10,8 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from specdec.server.tools import (ToolCallStream, check_tools, parse_tool_calls, tool_grammar,
-                                  tool_messages)
+from specdec.server.tool_calls import ToolCallStream, parse_tool_calls
+from specdec.server.tools import check_tools, tool_grammar, tool_messages
 
 ID = re.compile(r"call_[0-9a-f]{24}")
 WEATHER = {"type": "function", "function": {

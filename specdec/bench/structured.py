@@ -39,12 +39,12 @@ def read_items(path: Path) -> list[dict]:
 
 def constraint_of(item: dict, tokenizer) -> StructuredOutput:
     """The item's constraint: its response_format schema, its guided choice, or its required tool call."""
-    from specdec.server.tools import check_tools, tags_are_tokens, tool_grammar
+    from specdec.server.tools import check_tools, tool_grammar, vocab_has_call_tags
     if "tools" in item:
         choice = item.get("tool_choice", "required")
         name = choice["function"]["name"] if isinstance(choice, dict) else None
         return tool_grammar(check_tools(item["tools"]), name, item.get("parallel_tool_calls", True),
-                            tags_are_tokens=tags_are_tokens(tokenizer))
+                            tags_are_tokens=vocab_has_call_tags(tokenizer))
     if "guided_choice" in item:
         return StructuredOutput("choice", item["guided_choice"])
     return StructuredOutput("json_schema", item["response_format"]["json_schema"]["schema"])
@@ -53,7 +53,7 @@ def constraint_of(item: dict, tokenizer) -> StructuredOutput:
 def is_valid(item: dict, text: str) -> bool:
     """Whether the output parses and validates against the item's constraint."""
     import jsonschema
-    from specdec.server.tools import parse_tool_calls
+    from specdec.server.tool_calls import parse_tool_calls
     if "guided_choice" in item:
         return text in item["guided_choice"]
     try:

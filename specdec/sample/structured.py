@@ -165,11 +165,8 @@ def constrain(matcher: Matcher, rows: torch.Tensor, drafts: list[int]) -> tuple[
     out = rows.clone()
     consumed = 0
     for j in range(len(drafts) + 1):
-        allowed = matcher.allowed(out.shape[-1])
-        if allowed is None:
-            break
-        out[j] = out[j].masked_fill(~allowed, float("-inf"))
-        if j == len(drafts) or not bool(allowed[drafts[j]]) or matcher.consume([drafts[j]]) == 0:
+        out[j] = matcher.mask(out[j])
+        if j == len(drafts) or matcher.consume([drafts[j]]) == 0:
             break
         consumed += 1
     return out, consumed

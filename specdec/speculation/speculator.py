@@ -51,6 +51,7 @@ class _Planned:
     proposal: DraftProposal | None = None   # the proposer's drafts, as verified (after `forced`)
     forced: list[int] = field(default_factory=list)   # grammar-forced drafts ahead of the proposer's
     proposed: int = 0         # drafts the proposer returned (its state holds them; the grammar may cut some)
+    remaining: int = 0        # tokens the request may still emit (max_tokens, context)
 
 
 class Speculator:
@@ -178,7 +179,8 @@ class Speculator:
             req.num_spec_tokens = k
             if not own:
                 controller.charge(req.request_id, k, batch, catch_up)
-            planned[req.request_id] = _Planned(pid, catch_up, len(req.output_token_ids), cap, own)
+            planned[req.request_id] = _Planned(pid, catch_up, len(req.output_token_ids), cap, own,
+                                               remaining=remaining)
         return planned
 
     def _force(self, running: list[Request]) -> list[Request]:
@@ -190,12 +192,12 @@ class Speculator:
             planned = self._planned.get(req.request_id)
             if planned is None or req.grammar is None:
                 continue
-            remaining = min(req.params.max_tokens - len(req.output_token_ids), self.max_model_len - req.num_tokens)
-            planned.forced = req.grammar.forced(min(self.reserve, remaining - 1))
+            room = min(self.reserve, planned.remaining - 1)
+            planned.forced = req.grammar.forced(room)
             if planned.forced:
                 req.grammar.consume(planned.forced)
                 advanced.append(req)
-                planned.cap = min(planned.cap, min(self.reserve, remaining - 1) - len(planned.forced))
+                planned.cap = min(planned.cap, room - len(planned.forced))
                 req.num_spec_tokens = min(req.num_spec_tokens, planned.cap)
                 req.spec_token_ids = list(planned.forced)
         return advanced

@@ -26,14 +26,8 @@ from specdec.server.submit import (
     spec_options,
     start,
 )
-from specdec.server.tools import (
-    ToolCallStream,
-    check_tools,
-    parse_tool_calls,
-    tags_are_tokens,
-    tool_grammar,
-    tool_messages,
-)
+from specdec.server.tool_calls import ToolCallStream, parse_tool_calls
+from specdec.server.tools import check_tools, tool_grammar, tool_messages, vocab_has_call_tags
 
 router = APIRouter()
 
@@ -76,7 +70,7 @@ def _tool_plan(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[list[di
             return tools, None
         name = None if isinstance(choice, str) else choice.function.name
         return tools, tool_grammar(functions, name, body.parallel_tool_calls,
-                                   tags_are_tokens=tags_are_tokens(ctx.ready_engine().tokenizer))
+                                   tags_are_tokens=vocab_has_call_tags(ctx.ready_engine().tokenizer))
     except ValueError as e:
         raise APIError(400, str(e), "tools" if choice in ("auto", "required") else "tool_choice") from None
 
