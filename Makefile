@@ -15,7 +15,7 @@ $(BIN)/python:
 # torch first, pinned: the CPU wheel on local disk; an unpinned torch pulls a several-GB CUDA build
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
-	$(BIN)/pip install --disable-pip-version-check -q -e '.[test,monitor]'
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[test,monitor,ray]'
 	touch $@
 
 # idempotent: a model already assembled (size checked) is skipped
@@ -41,5 +41,5 @@ docs: $(STAMP)
 	$(BIN)/python -m specdec.bench.report
 
 lines:
-	@for d in specdec specdec/core specdec/models specdec/runner specdec/quant specdec/sample specdec/speculation specdec/speculation/proposers specdec/server specdec/quality specdec/bench tests; do \
+	@for d in specdec specdec/core specdec/models specdec/runner specdec/quant specdec/sample specdec/speculation specdec/speculation/proposers specdec/server specdec/serve_ray specdec/quality specdec/bench tests; do \
 	  printf '| %-20s | %5s |\n' "$$d/*.py" $$(cat $$d/*.py 2>/dev/null | wc -l); done

@@ -216,6 +216,58 @@ class ServerConfig:
             raise ValueError("server.api_key must be non-empty (or null for no auth)")
 
 
+
+_ROUTINGS = ("affinity", "random", "least_loaded")
+
+
+@dataclass
+class AutoscalingConfig:
+    """Ray Serve autoscaling of the engine replicas on their ongoing requests."""
+    min_replicas: int = 1
+    max_replicas: int = 2
+    target_ongoing_requests: float = 2.0   # per replica: more scales up, fewer scales down
+    upscale_delay_s: float = 10.0          # the load must hold this long before a replica is added
+    downscale_delay_s: float = 60.0        # ... or is gone this long before one is removed
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
+            raise ValueError("serving.autoscaling needs 0 <= min_replicas <= max_replicas and max_replicas >= 1")
+        if self.target_ongoing_requests <= 0 or self.upscale_delay_s < 0 or self.downscale_delay_s < 0:
+            raise ValueError("serving.autoscaling: target_ongoing_requests must be > 0, the delays >= 0")
+
+
+@dataclass
+class ServingConfig:
+    """How many engine replicas serve: one in this process (the default), or several on Ray Serve
+    behind one ingress with the same API."""
+    replicas: int = 1                      # > 1, autoscaling or a ray_address: engine replicas on Ray Serve
+    autoscaling: AutoscalingConfig | None = None   # replaces `replicas` when set
+    routing: str = "affinity"              # affinity (prefix cache, least-loaded fallback) | random | least_loaded
+    imbalance: int = 4                     # affinity yields when its replica has this many more requests queued
+    ray_address: str | None = None         # None: a local Ray instance started and stopped with the server
+    cpus_per_replica: float = 1.0          # Ray CPUs each replica reserves (and its engine's threads)
+    object_store_mb: int = 512             # a local instance's object store (requests are small)
+    dashboard: bool = False                # a local instance's Ray dashboard
+
+    def __post_init__(self) -> None:
+        if isinstance(self.autoscaling, dict):
+            self.autoscaling = AutoscalingConfig(**self.autoscaling)
+        if self.replicas < 1:
+            raise ValueError(f"serving.replicas must be >= 1, got {self.replicas}")
+        if self.routing not in _ROUTINGS:
+            raise ValueError(f"serving.routing must be one of {', '.join(_ROUTINGS)}, got {self.routing!r}")
+        if self.imbalance < 0 or self.cpus_per_replica <= 0 or self.object_store_mb < 64:
+            raise ValueError("serving: imbalance must be >= 0, cpus_per_replica > 0, object_store_mb >= 64")
+
+    @property
+    def on_ray(self) -> bool:
+        return self.replicas > 1 or self.autoscaling is not None or self.ray_address is not None
+
+    @property
+    def max_replicas(self) -> int:
+        return self.autoscaling.max_replicas if self.autoscaling is not None else self.replicas
+
+
 # YAML: execution_config keys -> (section, field)
 _EXECUTION_KEYS = {
     "target_model": ("model", "model"),
@@ -243,10 +295,11 @@ def _take(section: dict[str, Any], allowed: set[str], where: str, path: str | Pa
     return dict(section)
 
 
-def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig]:
+def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig, ServingConfig]:
     """Read a YAML config: `execution_config` (the schema: target_model, draft_model,
     speculation_length, max_batch_size, precision, cache_config.{draft,target}_cache_blocks, ...),
-    plus optional `speculative` (policy and controller knobs) and `server` sections.
+    plus optional `speculative` (policy and controller knobs), `server` and `serving` (replicas on
+    Ray Serve) sections.
 
     draft_model: a registry name or path (draft-model speculation), a model-free proposer kind
     ("ngram": prompt lookup, "suffix": suffix decoding), "hybrid" / "hybrid:MODEL" (suffix or that
@@ -261,7 +314,7 @@ def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig]:
         raise ValueError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: top level must be a mapping")
-    doc = _take(doc, {"execution_config", "speculative", "server"}, "top level", path)
+    doc = _take(doc, {"execution_config", "speculative", "server", "serving"}, "top level", path)
     exe = _take(doc.get("execution_config") or {}, set(_EXECUTION_KEYS) | {"cache_config"}, "execution_config", path)
     sections: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}, "spec": {}}
     sections["cache"] = _take(exe.pop("cache_config", None) or {}, {f.name for f in fields(CacheConfig)},
@@ -272,6 +325,10 @@ def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig]:
     spec_knobs = _take(doc.get("speculative") or {}, {f.name for f in fields(SpeculativeConfig)} - _SPEC_FIXED,
                        "speculative", path)
     server = _take(doc.get("server") or {}, {f.name for f in fields(ServerConfig)}, "server", path)
+    serving = _take(doc.get("serving") or {}, {f.name for f in fields(ServingConfig)}, "serving", path)
+    if serving.get("autoscaling") is not None:
+        serving["autoscaling"] = _take(serving["autoscaling"], {f.name for f in fields(AutoscalingConfig)},
+                                       "serving.autoscaling", path)
     spec = sections["spec"]
     draft = spec.get("draft_model", "default")
     if draft == "default":  # as the CLI: the registry's draft for a registry target, else n-gram
@@ -286,6 +343,6 @@ def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig]:
     try:
         config = EngineConfig(model=ModelConfig(**sections["model"]), cache=CacheConfig(**sections["cache"]),
                               scheduler=SchedulerConfig(**sections["scheduler"]), speculative=speculative)
-        return config, ServerConfig(**server)
+        return config, ServerConfig(**server), ServingConfig(**serving)
     except TypeError as e:  # a wrongly typed value deep inside a dataclass check
         raise ValueError(f"{path}: {e}") from e

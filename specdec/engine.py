@@ -310,6 +310,7 @@ class LLMEngine:
         if req is not None and req.finished:
             self.counters.requests_finished += 1
             self.counters.prompt_tokens += req.num_prompt_tokens
+            self.counters.cached_prompt_tokens += max(req.num_cached_tokens, 0)
         if req is not None and self.speculator is not None:
             self.speculator.free(req)
         self.output_processor.free(request_id)

@@ -50,6 +50,7 @@ class EngineCounters:
     """Engine-wide totals since start."""
     requests_finished: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0   # of prompt_tokens: found in the prefix cache
     generated_tokens: int = 0
     target_forwards: int = 0
     drafted_tokens: int = 0

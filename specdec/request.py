@@ -56,6 +56,7 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)  # drafts under verification this step
     num_spec_tokens: int = 0     # drafts asked of the proposer this step (the controller's k)
     num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission (-1: not yet)
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     first_token_time: float | None = None
@@ -114,6 +115,7 @@ class RequestStats:
     structured: str | None = None          # the structured output's kind; None: unconstrained
     mask_seconds: float = 0.0              # computing the grammar's token masks (target and draft rows)
     num_masks: int = 0
+    cached_prompt_tokens: int = 0          # prompt tokens the prefix cache held (not computed again)
 
     @classmethod
     def from_request(cls, req: Request, precision: str, method: str = "none", proposer: str | None = None,
@@ -126,6 +128,7 @@ class RequestStats:
         decode_time = seconds - ttft
         return cls(
             prompt_tokens=req.num_prompt_tokens,
+            cached_prompt_tokens=max(req.num_cached_tokens, 0),
             generated_tokens=n,
             seconds=seconds,
             ttft_seconds=ttft,

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -24,17 +25,19 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None, timeout: float = 300) -> None:
+    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None, timeout: float = 300,
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         cmd = [sys.executable, "-m", "specdec.cli", "serve", *args, "--port", str(self.port)]
         if api_key:
             cmd += ["--api-key", api_key]
-        env = {k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}
+        env = {**{k: v for k, v in os.environ.items() if k != "SPECDEC_API_KEY"}, **(env or {})}
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        # its own process group: whatever it starts (Ray's daemons and workers) can be stopped with it
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self._wait_ready(timeout)
         self.model = http_json(self, "/v1/models", key=api_key)[1]["data"][0]["id"]  # the served model id
 
@@ -80,13 +83,15 @@ class ServerProcess:
                 raise TimeoutError(f"server still busy: {m}")
             time.sleep(0.2)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 20) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # anything of its group left behind
         self._log.close()
 
 

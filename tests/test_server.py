@@ -211,7 +211,8 @@ def test_preemption_leaves_outputs_unchanged(preempting_server, tiny_qwen):
 
 
 def test_yaml_config(tmp_path):
-    cfg, server = load_yaml_config("configs/default.yaml")
+    cfg, server, serving = load_yaml_config("configs/default.yaml")
+    assert serving.replicas == 1 and not serving.on_ray
     assert cfg.speculative.draft_model == "qwen2.5-coder-0.5b-instruct" and cfg.speculative.num_speculative_tokens == 4
     assert cfg.scheduler.max_batch_size == 8 and cfg.cache.draft_cache_blocks == 1024 and server.host == "127.0.0.1"
     bad = tmp_path / "bad.yaml"
@@ -239,7 +240,7 @@ def test_cli_flags_override_the_config(tmp_path):
     from specdec.commands.serve import serve_configs
     a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "-k", "2", "--port", "9001",
                                    "--max-batch-size", "3"])
-    cfg, server = serve_configs(a)
+    cfg, server, _ = serve_configs(a)
     assert cfg.speculative.num_speculative_tokens == 2 and server.port == 9001 and cfg.scheduler.max_batch_size == 3
     a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "--draft-precision", "int4-a8"])
     assert serve_configs(a)[0].speculative.draft_precision == "int4-a8"

@@ -4,8 +4,9 @@
 
     <!-- generated:VIEW:STEM -->   ...   <!-- end generated -->
 
-in README.md, docs/performance.md and docs/results/README.md: VIEW says how to draw the table
-(`spec`, `spec-wide`, `precision`, `serve`, `steps`, `row-invariance`; `history` and `index` take
+in README.md and the docs/ files named in DOCS: VIEW says how to draw the table
+(`spec`, `spec-wide`, `precision`, `serve`, `soak`, `structured`, `replicas`, `affinity`, `steps`,
+`row-invariance`; `history` and `index` take
 no STEM), STEM names the results file (`docs/results/STEM.json`). Each table opens with a caption
 giving the run's date and machine (from SOURCES below) and the command that reproduces the run,
 rebuilt from the configuration its JSON records. Files are written atomically (a temporary file in
@@ -22,7 +23,8 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "docs/performance.md", "docs/results/README.md", "docs/architecture.md")
+DOCS = ("README.md", "docs/performance.md", "docs/results/README.md", "docs/architecture.md",
+        "docs/scale-out.md")
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # `specdec bench --model`'s default
 START, END = "<!-- generated:", "<!-- end generated -->"
 
@@ -71,6 +73,12 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "bench-soak-xeon": ("2026-12-01", "xeon", "a server process under 8 misbehaving clients for 10 minutes"),
     "bench-structured-xeon": ("2026-12-01", "xeon", "constrained decoding on the structured set: plain, "
                               "grammar-forced drafts, suffix"),
+    "bench-replicas-xeon": ("2026-12-01", "xeon", "one server process against two engine replicas on Ray "
+                            "Serve, SmolLM2-135M, 8 clients"),
+    "bench-affinity-xeon": ("2026-12-01", "xeon", "multi-turn chats on four replicas: prefix-affinity against "
+                            "random routing"),
+    "bench-affinity-2-xeon": ("2026-12-01", "xeon", "multi-turn chats on two replicas: prefix-affinity against "
+                              "random routing"),
 }
 ARM_LABELS = {
     "plain": "plain", "draft_fixed": "draft, fixed k", "draft_cost_model": "draft, cost model",
@@ -122,7 +130,10 @@ def source_link(root: Path, doc: Path, stem: str) -> str:
 def config_note(data: dict) -> str:
     """What the JSON records about the run's conditions (its configuration is in the command)."""
     parts = []
-    if "runs" in data:
+    if data.get("mode") in ("replicas", "affinity"):  # whole server processes: each arm started afresh
+        repeats = len(next(iter(data["runs"].values())))
+        parts.append(f"{repeats} repeats, arms alternating, each on a fresh deployment")
+    elif "runs" in data:
         parts.append(f"{data.get('noisy_runs', 0)} of {len(data['runs'])} runs noisy")
     if data.get("bandwidth_gb_s"):
         parts.append(f"read bandwidth {data['bandwidth_gb_s']:.1f} GB/s, "
@@ -182,6 +193,18 @@ def structured_command(data: dict) -> str:
             f"-k {data['k']}" + (f" --draft {data['draft']}" if data.get("draft") else ""))
 
 
+def scale_out_command(data: dict) -> str:
+    """`bench replicas` and `bench affinity`: both start `specdec serve` processes under HTTP load."""
+    common = (f"--model {data['model']} --precision {data['precision']} --clients {data['clients']} "
+              f"--max-tokens {data['max_tokens']} --repeats {len(next(iter(data['runs'].values())))} "
+              f"--cpus-per-replica {data['cpus_per_replica']:g}")
+    if data["mode"] == "replicas":
+        return (f"specdec bench replicas {common} --arms {','.join(data['runs'])} "
+                f"--num-requests {data['num_requests']} --routing {data['routing']}")
+    return (f"specdec bench affinity {common} --replicas {data['replicas']} "
+            f"--conversations {data['conversations']} --turns {data['turns']}")
+
+
 def steps_command(data: dict) -> str:
     rows = sorted({r["rows"] for r in data["results"]})
     dtypes = list(dict.fromkeys(r["precision"] for r in data["results"]))
@@ -193,6 +216,8 @@ def command(data: dict) -> str:
     """The command line that reproduces the run, rebuilt from the configuration its JSON records."""
     if data.get("mode") == "structured":
         return structured_command(data)
+    if data.get("mode") in ("replicas", "affinity"):
+        return scale_out_command(data)
     if "runs" in data and "summary" in data:
         return spec_command(data)
     if "prompts" in data and "summary" in data:
@@ -322,6 +347,36 @@ def view_structured(data: dict) -> str:
                   "forced tokens", "acceptance", "mask ms"], rows, right_from=1)
 
 
+def spread(s: dict, digits: int = 2, suffix: str = "") -> str:
+    """A {median, min, max} as 'median (min–max)'."""
+    if not s:
+        return "—"
+    return f"{num(s['median'], digits)}{suffix} ({num(s['min'], digits)}–{num(s['max'], digits)})"
+
+
+def view_replicas(data: dict) -> str:
+    """Per arm (one process, N Ray replicas): throughput and latency under the same closed-loop load."""
+    rows = [[arm, spread(s["tokens_per_second"], 1), spread(s["throughput_ratio"], 2, "×"),
+             spread(s["ttft_p50"]), spread(s["e2e_p50"]), spread(s["e2e_p99"]), str(s["failed"])]
+            for arm, s in data["summary"].items()]
+    return table(["arm", "output tok/s", "vs single", "TTFT p50 (s)", "latency p50 (s)", "p99 (s)", "failed"],
+                 rows, right_from=1)
+
+
+def view_affinity(data: dict) -> str:
+    """Prefix-cache hit rate and later turns' TTFT, prefix-affinity against random routing."""
+    s = data["summary"]
+    rows = [[arm, spread({k: 100 * v for k, v in s[arm]["hit_rate"].items()}, 0, " %"),
+             spread({k: 100 * v for k, v in s[arm]["later_hit_rate"].items()}, 0, " %"),
+             spread({k: 100 * v for k, v in s[arm]["same_replica"].items()}, 0, " %"),
+             spread(s[arm]["later_ttft_p50"], 3), spread(s[arm]["later_ttft_p99"], 3)]
+            for arm in ("affinity", "random")]
+    text = table(["routing", "hit rate", "turns 2+", "same replica as last turn", "TTFT p50, turns 2+ (s)",
+                  "p99 (s)"], rows, right_from=1)
+    return text + (f"\n\nAffinity / random: hit rate {spread(s['hit_rate_ratio'], 2, '×')}, "
+                   f"time to first token of turns 2+ {spread(s['later_ttft_p50_ratio'], 2, '×')} shorter.")
+
+
 def view_steps(data: dict) -> str:
     """ms per forward (median) by new rows, per model and dtype; the draft's cost ratio c."""
     counts = sorted({r["rows"] for r in data["results"]})
@@ -382,7 +437,8 @@ def view_history(root: Path, doc: Path) -> str:
     for stem in SOURCES:
         path = root / "docs" / "results" / f"{stem}.json"
         data = json.loads(path.read_text()) if path.exists() else {}
-        if "runs" in data and "summary" in data and data.get("mode") != "structured":  # an arm sweep (`specdec bench`)
+        sweep = data.get("mode") not in ("structured", "replicas", "affinity")  # an arm sweep (`specdec bench`)
+        if "runs" in data and "summary" in data and sweep:
             rows.append(history_row(root, doc, stem, data))
     note = ("Decode-only tokens/s and ratios to our plain decoding: each set's median, then the range over "
             "the sets. * marks a run that predates the decode-only figures: its rates and ratios cover the "
@@ -414,7 +470,8 @@ def view_lines(root: Path, doc: Path) -> str:
 
 
 TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view_precision,
-               "serve": view_serve, "soak": view_soak, "structured": view_structured, "steps": view_steps, "row-invariance": view_row_invariance}
+               "serve": view_serve, "soak": view_soak, "structured": view_structured, "steps": view_steps,
+               "replicas": view_replicas, "affinity": view_affinity, "row-invariance": view_row_invariance}
 DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
 
 

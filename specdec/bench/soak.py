@@ -25,7 +25,7 @@ from specdec.bench.soak_clients import EXPECTED, MIX, Outcome, Soak, client, req
 from specdec.fileio import atomic_write_text
 from specdec.prompts import SETS, read_set
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -125,7 +125,7 @@ def summarize(outcomes: list[Outcome]) -> dict:
 
 
 def run_soak_bench(a) -> dict:
-    port = _free_port()
+    port = free_port()
     log_path = Path(a.out).with_suffix(".server.log")
     proc = _start_server(a, port, log_path)
     prompts = [p for name in a.sets.split(",") for p in read_set(name)[: a.num_prompts] if name in SETS]

@@ -1,4 +1,4 @@
-"""`specdec bench [spec|decode|serve|soak|structured|precision|threads|steps]`: one parser for every benchmark mode;
+"""`specdec bench [spec|decode|serve|soak|structured|replicas|affinity|precision|threads|steps]`: one parser for every benchmark mode;
 each mode's runner lives in specdec/bench/ and reads the flags it needs."""
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from specdec.commands.args import DRAFT_PRECISION_HELP, add_model_args
 from specdec.config import PRECISIONS, SPEC_POLICIES
 from specdec.prompts import SETS, set_path
 
-MODES = ("spec", "decode", "serve", "soak", "structured", "precision", "threads", "steps")
+MODES = ("spec", "decode", "serve", "soak", "structured", "replicas", "affinity", "precision", "threads", "steps")
 _OUTPUTS = {"precision": "bench-precision", "threads": "bench-threads", "steps": "bench-steps",
-            "serve": "bench-serve", "soak": "bench-soak", "structured": "bench-structured"}  # default --out / --plot stems; the others write bench.json / bench.png
+            "serve": "bench-serve", "soak": "bench-soak", "structured": "bench-structured",
+            "replicas": "bench-replicas", "affinity": "bench-affinity"}  # default --out / --plot stems; the others write bench.json / bench.png
 _ARMS = {"serve": "plain,draft", "spec": "plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid",
-         "structured": "plain,forced,suffix,hybrid"}
+         "structured": "plain,forced,suffix,hybrid", "replicas": "single,ray2"}
 _PROMPTS = {"decode": str(set_path("code_gen")), "structured": str(set_path("structured"))}
 _MAX_TOKENS = {"structured": 384}
 _NUM_PROMPTS = {"structured": 0}   # a structured output ends where its grammar does: room to get there
@@ -21,7 +22,9 @@ _NUM_PROMPTS = {"structured": 0}   # a structured output ends where its grammar 
 def register(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="benchmark: plain vs speculative arms (spec, the default), plain decoding "
                                      "alone (decode), serving under Poisson arrivals (serve), a server process under "
-                                     "concurrent mixed clients (soak), constrained decoding on the structured set (structured), precision modes "
+                                     "concurrent mixed clients (soak), constrained decoding on the structured set (structured), one server "
+                                     "process against engine replicas on Ray (replicas), prefix-affinity against "
+                                     "random routing of multi-turn chats (affinity), precision modes "
                                      "against float32 (precision), thread counts under competition (threads), "
                                      "forward cost by row count on random weights, any device (steps)")
     b.add_argument("mode", nargs="?", choices=MODES, default="spec")
@@ -58,12 +61,18 @@ def _add_mode_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--rows", default="1,2,3,5,8,16,64,256", help="steps: new rows per forward")
     b.add_argument("--context", type=int, default=512, help="steps: tokens already in the cache")
     b.add_argument("--rates", default="0.05,0.1,0.2", help="serve: Poisson arrival rates (requests/s)")
-    b.add_argument("--num-requests", type=int, default=8, help="serve: requests per rate")
+    b.add_argument("--num-requests", type=int, default=8, help="serve: requests per rate; replicas: in all")
     b.add_argument("--max-prompt-tokens", type=int, default=256, help="serve: prompts are cut to this")
-    b.add_argument("--max-batch-size", type=int, default=8, help="serve: running requests")
+    b.add_argument("--max-batch-size", type=int, default=8, help="serve, replicas, affinity: running requests")
     b.add_argument("--in-order", action="store_true",
                    help="serve: requests arrive in file order (a session), not shuffled")
-    b.add_argument("--clients", type=int, default=8, help="soak: concurrent clients")
+    b.add_argument("--clients", type=int, default=8, help="soak, replicas, affinity: concurrent clients")
+    b.add_argument("--replicas", type=int, default=2, help="affinity: engine replicas on Ray")
+    b.add_argument("--cpus-per-replica", type=float, default=1.0, help="replicas, affinity: Ray CPUs per replica")
+    b.add_argument("--routing", choices=("affinity", "random", "least_loaded"), default="affinity",
+                   help="replicas: how the Ray arms route")
+    b.add_argument("--conversations", type=int, default=16, help="affinity: conversations (from the chat set)")
+    b.add_argument("--turns", type=int, default=4, help="affinity: turns per conversation")
     b.add_argument("--minutes", type=float, default=10.0, help="soak: how long the clients keep sending")
     b.add_argument("--max-requests", type=int, default=0, help="soak: stop after this many requests (0: no cap)")
     b.add_argument("--warmup-minutes", type=float, default=1.0,
@@ -121,6 +130,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     elif a.mode == "structured":
         from specdec.bench.structured import run_structured_bench
         run_structured_bench(a)
+    elif a.mode in ("replicas", "affinity"):
+        from specdec.bench.scale_out import run_affinity_bench, run_replicas_bench
+        if a.clients < 1 or a.num_requests < 1 or a.replicas < 1 or a.turns < 1 or a.conversations < 1:
+            raise ValueError("--clients, --num-requests, --replicas, --turns and --conversations must be >= 1")
+        (run_replicas_bench if a.mode == "replicas" else run_affinity_bench)(a)
     elif a.mode == "serve":
         from specdec.bench.serve_bench import run_serve_bench
         run_serve_bench(a)

@@ -14,6 +14,7 @@ from specdec.config import (
     ModelConfig,
     SchedulerConfig,
     ServerConfig,
+    ServingConfig,
     SpeculativeConfig,
     load_yaml_config,
 )
@@ -34,13 +35,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="another draft model the router may use, loaded on first use (repeatable)")
     sv.add_argument("--shadow-fraction", type=float, default=None,
                     help="shadow A/B: share of speculative requests also decoded plainly in the background")
+    sv.add_argument("--replicas", type=int, default=None,
+                    help="engine replicas on Ray Serve behind one endpoint (default 1: this process, no Ray)")
+    sv.add_argument("--ray-address", default=None,
+                    help="join a running Ray cluster (auto | HOST:PORT); default: start a local one with the server")
+    sv.add_argument("--routing", choices=("affinity", "random", "least_loaded"), default=None,
+                    help="how requests pick a replica (default affinity: the replica holding the prompt's prefix)")
     sv.set_defaults(func=cmd_serve)
 
 
-def serve_configs(a: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
-    """EngineConfig and ServerConfig from --config (if any), then the flags given on top. Precision
-    `auto` (the default without a file) is resolved by the engine when it is built."""
-    engine_cfg, server_cfg = load_yaml_config(a.config) if a.config else (EngineConfig(), ServerConfig())
+def serve_configs(a: argparse.Namespace) -> tuple[EngineConfig, ServerConfig, ServingConfig]:
+    """The engine, server and serving configs from --config (if any), then the flags given on top.
+    Precision `auto` (the default without a file) is resolved by the engine when it is built."""
+    engine_cfg, server_cfg, serving = (load_yaml_config(a.config) if a.config
+                                       else (EngineConfig(), ServerConfig(), ServingConfig()))
     model = _model_config(a, engine_cfg.model)
     sched = dataclasses.asdict(engine_cfg.scheduler)
     if a.max_batch_size is not None:
@@ -48,7 +56,7 @@ def serve_configs(a: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
     engine_cfg = EngineConfig(model=model, cache=CacheConfig(**dataclasses.asdict(engine_cfg.cache)),
                               scheduler=SchedulerConfig(**sched),
                               speculative=_speculative(a, engine_cfg.speculative, model.model))
-    return engine_cfg, _server_config(a, server_cfg)
+    return engine_cfg, _server_config(a, server_cfg), _serving_config(a, serving)
 
 
 def _model_config(a: argparse.Namespace, base: ModelConfig) -> ModelConfig:
@@ -87,6 +95,14 @@ def _server_config(a: argparse.Namespace, base: ServerConfig) -> ServerConfig:
     return ServerConfig(**server)
 
 
+def _serving_config(a: argparse.Namespace, base: ServingConfig) -> ServingConfig:
+    given = {"replicas": a.replicas, "ray_address": a.ray_address, "routing": a.routing}
+    serving = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    if a.replicas is not None and serving.autoscaling is not None:
+        raise ValueError("--replicas and serving.autoscaling both set the number of replicas: keep one")
+    return serving
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     import logging
 
@@ -96,8 +112,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from specdec.server.app import build_app
     from specdec.server.async_engine import AsyncEngine
     from specdec.server.lifecycle import DrainingServer, JSONErrorsH11
-    engine_cfg, server_cfg = serve_configs(a)
+    engine_cfg, server_cfg, serving = serve_configs(a)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if serving.on_ray:
+        from specdec.serve_ray.launch import run
+        return run(engine_cfg, server_cfg, serving, engine_cfg.model.model.rsplit("/", 1)[-1])
 
     def build() -> LLMEngine:  # on the engine thread: /health answers 503 meanwhile
         engine = LLMEngine(engine_cfg, progress=True)

@@ -115,6 +115,8 @@ class Scheduler:
                 req.num_computed_tokens = 0
                 break
             queue.popleft()
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_cached
             self.kv.allocate(req.request_id, num_new, cached)
             req.status = RequestStatus.RUNNING
             self.running.append(req)

@@ -97,6 +97,11 @@ class AsyncEngine:
     def ready(self) -> bool:
         return self.engine is not None
 
+    @property
+    def alive(self) -> bool:
+        """Started and not failed: the engine thread still runs (or builds the engine)."""
+        return self.error is None and self._thread.is_alive()
+
     def shutdown(self) -> None:
         with self._wake:
             self._stop = True

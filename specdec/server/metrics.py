@@ -69,6 +69,8 @@ class _EngineCollector:
 def _engine_families(s: EngineStats, proposer_errors: int) -> Iterator[Metric]:
     c = s.counters
     yield _counter("specdec_prompt_tokens", "Prompt tokens of finished requests", c.prompt_tokens)
+    yield _counter("specdec_prefix_cache_hit_tokens", "Prompt tokens of finished requests found in the prefix cache",
+                   c.cached_prompt_tokens)
     yield _counter("specdec_generation_tokens", "Generated tokens", c.generated_tokens)
     yield _counter("specdec_target_forwards", "Target forward passes that produced tokens", c.target_forwards)
     yield _counter("specdec_preemptions", "Requests preempted (recomputed later)", s.num_preemptions)

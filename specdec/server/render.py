@@ -25,8 +25,10 @@ class Sub:
 def usage_of(subs: list[Sub], outs: list[RequestOutput]) -> dict:
     prompt = sum({s.prompt_index: s.prompt_tokens for s in subs}.values())  # once per prompt, whatever n
     completion = sum(len(o.token_ids) for o in outs)
+    cached = sum({s.prompt_index: o.stats.cached_prompt_tokens for s, o in zip(subs, outs)}.values())
     # extension fields: which proposer(s) drafted (none: plain decoding)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
             "proposer": outs[0].stats.proposer if outs else None, "proposers_used": _proposers_used(outs)}
 
 

@@ -37,7 +37,7 @@ def event_stream(streams: list[RequestStream], subs: list[Sub], envelope: dict, 
                 for c in render(sub, out):
                     yield _sse({**envelope, "choices": [c]})
             if stream_options is not None and stream_options.include_usage:
-                finals = list(last.values())
+                finals = [last[i] for i in sorted(last)]
                 yield _sse({**envelope, "choices": [], "usage": usage_of(subs, finals),
                             "speculative": spec_summary(finals)})
         except RequestFailed as e:
