@@ -17,12 +17,13 @@ SMOLLM = "smollm2-135m-instruct"
 
 
 class RayServer(ServerProcess):
-    def __init__(self, directory: Path, yaml: str, replicas: int, api_key: str | None = None) -> None:
+    def __init__(self, directory: Path, yaml: str, replicas: int, api_key: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.ray_dir = tempfile.mkdtemp(prefix="sdray")
         cfg = directory / "config.yaml"
         cfg.write_text(yaml)
         super().__init__(["--config", str(cfg)], directory / "server.log", api_key=api_key, timeout=400,
-                         env={"RAY_TMPDIR": self.ray_dir, "RAY_USAGE_STATS_ENABLED": "0"})
+                         env={"RAY_TMPDIR": self.ray_dir, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})})
         self.wait_replicas(replicas)
 
     def wait_replicas(self, n: int, timeout: float = 120) -> dict[str, int]:

@@ -15,12 +15,15 @@ pytestmark = pytest.mark.real_model
 def test_replicas_follow_the_load(tmp_path):
     serving = ("  autoscaling:\n    min_replicas: 1\n    max_replicas: 2\n    target_ongoing_requests: 1\n"
                "    upscale_delay_s: 0\n    downscale_delay_s: 3\n")
-    server = RayServer(tmp_path, config_yaml(serving), 1)
+    # Ray pushes the load figures autoscaling reads every 10 s by default: every second here
+    push = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
+            "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}
+    server = RayServer(tmp_path, config_yaml(serving), 1, env=push)
     try:
         c = server.client()
 
         def long_request(i: int) -> str:
-            out = c.completions.create(model=SMOLLM, prompt=f"Chapter {i}. It was a dark night", max_tokens=200,
+            out = c.completions.create(model=SMOLLM, prompt=f"Chapter {i}. It was a dark night", max_tokens=300,
                                        temperature=0, extra_body={"ignore_eos": True})
             return out.choices[0].finish_reason
 

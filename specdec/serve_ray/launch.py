@@ -36,7 +36,7 @@ def replica_options(engine: EngineConfig, server: ServerConfig, serving: Serving
         options["autoscaling_config"] = {
             "min_replicas": a.min_replicas, "max_replicas": a.max_replicas, "initial_replicas": max(a.min_replicas, 1),
             "target_ongoing_requests": a.target_ongoing_requests, "upscale_delay_s": a.upscale_delay_s,
-            "downscale_delay_s": a.downscale_delay_s, "metrics_interval_s": 1.0, "look_back_period_s": 2.0}
+            "downscale_delay_s": a.downscale_delay_s, "look_back_period_s": 2.0}
     else:
         options["num_replicas"] = serving.replicas
     if serving.routing in ROUTERS:
