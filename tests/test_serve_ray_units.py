@@ -43,6 +43,8 @@ def test_serving_yaml_and_flags(tmp_path):
     cfg.write_text("serving:\n  autoscaling:\n    max_replicas: 2\n")
     with pytest.raises(ValueError, match="--replicas"):
         serve_configs(build_parser().parse_args(["serve", "--config", str(cfg), "--replicas", "2"]))
+    with pytest.raises(ValueError, match="--routing picks among replicas"):
+        serve_configs(build_parser().parse_args(["serve", "--routing", "random"]))
 
 
 def test_replica_options_carry_scale_router_and_cpus():

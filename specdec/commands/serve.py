@@ -100,6 +100,8 @@ def _serving_config(a: argparse.Namespace, base: ServingConfig) -> ServingConfig
     serving = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     if a.replicas is not None and serving.autoscaling is not None:
         raise ValueError("--replicas and serving.autoscaling both set the number of replicas: keep one")
+    if a.routing is not None and not serving.on_ray:
+        raise ValueError("--routing picks among replicas: give --replicas N (or --ray-address)")
     return serving
 
 

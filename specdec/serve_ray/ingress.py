@@ -60,7 +60,7 @@ class Relay:
 
 
 class Ingress:
-    """The ingress deployment class (`serve.ingress()` applied in deployment.py)."""
+    """The ingress deployment class (wrapped by `serve.ingress()` below; options set in launch.py)."""
 
     def __init__(self, replicas, board, server_config: ServerConfig) -> None:
         self.replicas, self.board, self.config = replicas, board, server_config

@@ -58,7 +58,7 @@ def build_engine(config: EngineConfig) -> tuple[LLMEngine, str | None]:
 
 
 class EngineReplica:
-    """The Ray Serve deployment class of the engine replicas (options set in deployment.py)."""
+    """The Ray Serve deployment class of the engine replicas (options set in launch.py)."""
 
     async def __init__(self, engine_config: EngineConfig, server_config: ServerConfig, model_name: str,
                        board) -> None:
