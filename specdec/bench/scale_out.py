@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -81,6 +82,7 @@ class Server:
         except ProcessLookupError:
             pass
         self._log.close()
+        shutil.rmtree(self.ray_dir, ignore_errors=True)
 
 
 def get(port: int, path: str) -> tuple[int, str]:
