@@ -1,4 +1,4 @@
-"""Command line: specdec generate | serve | models | bench | eval | check-lossless | profile-drafts | drafts.
+"""Command line: specdec generate | serve | models | bench | eval | check-lossless | kld | profile-drafts | drafts.
 
 Human-readable lines go to stderr; with --json, stdout holds only JSON Lines. Every user mistake
 exits non-zero with a one-line error, never a traceback. Each subcommand registers its own parser
@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.bench import profile_drafts
+from specdec.bench import kld, profile_drafts
 from specdec.commands import bench, drafts, generate, models, serve
 from specdec.quality import eval as quality_eval
 from specdec.quality import lossless
 
-SUBCOMMANDS = (generate, serve, models, bench, quality_eval, lossless, profile_drafts, drafts)
+SUBCOMMANDS = (generate, serve, models, bench, quality_eval, lossless, kld, profile_drafts, drafts)
 
 
 def build_parser() -> argparse.ArgumentParser:

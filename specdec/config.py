@@ -18,8 +18,8 @@ from specdec.catalog import default_draft
 # products, near-lossless); int4-a8: activations rounded to int8 (llama.cpp's scheme, the fastest on
 # CPUs, lossy)
 PRECISIONS = ("float32", "bfloat16", "int4", "int4-a16", "int4-a8")
-AUTO_CPU_PRECISION = "int4-a16"    # `auto` for a GGUF model where the CPU kernel builds (engine.resolve_precision)
-AUTO_DRAFT_PRECISION = "int4-a8"   # ... and its draft model's, unless set
+AUTO_CPU_PRECISION = "int4-a16"    # `auto` where the CPU kernel builds and the model has no `specdec kld` verdict
+AUTO_DRAFT_PRECISION = "int4-a8"   # a draft model's where `auto` picked an int4 mode for the target, unless set
 PRECISION_CHOICES = ("auto", *PRECISIONS)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 

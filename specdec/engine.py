@@ -23,9 +23,9 @@ from specdec.core.outputs import ModelRunnerOutput, ScheduledChunk, SchedulerOut
 from specdec.core.scheduler import QueueFull, Scheduler  # noqa: F401 - QueueFull: add_request's error, re-exported
 from specdec.metrics import DraftStatus, EngineCounters, EngineStats, PoolStats
 from specdec.models.llama import LlamaModel
-from specdec.models.loader import LoadedModel, is_gguf, load_model
+from specdec.models.loader import LoadedModel, gguf_identity, is_gguf, load_model
 from specdec.output_processor import OutputProcessor
-from specdec.quant import kernel
+from specdec.quant import criterion, kernel
 from specdec.request import (
     Request,
     RequestOutput,
@@ -49,8 +49,9 @@ log = logging.getLogger("specdec")
 
 def resolve_precision(config: EngineConfig, loaded: LoadedModel | None = None) -> tuple[EngineConfig, str]:
     """`precision: auto` -> a concrete mode, and why. Auto is the fastest mode that meets the precision
-    criterion: int4-a16 for a GGUF model on a CPU where the kernel builds, else float32; a model
-    already loaded keeps its own precision. With the CPU mode, a draft model left at the target's
+    criterion (quant/criterion.py: no further from float32 than llama.cpp, as `specdec kld` measured
+    it) for a GGUF model on a CPU where the kernel builds; int4-a16 where the model has no verdict;
+    float32 elsewhere. A model already loaded keeps its own precision. With the CPU mode, a draft model left at the target's
     precision runs in int4-a8: a draft's numbers never change the output (rejection sampling is
     exact for any draft), and integer dot products make its steps cheaper (not for self-speculation,
     which runs the target's own weights)."""
@@ -66,10 +67,11 @@ def resolve_precision(config: EngineConfig, loaded: LoadedModel | None = None) -
     elif not is_gguf(mc.model):
         precision, why = "float32", "int4 modes pack a GGUF file's quantized blocks"
     else:
-        precision, why = AUTO_CPU_PRECISION, ("the default on this CPU: the GGUF's own weights, activations rounded "
-                                              "to int16 on its K-quant matrices; float32 is the exact oracle")
+        precision, why = criterion.auto_choice(gguf_identity(mc.model)) or (AUTO_CPU_PRECISION, (
+            "no `specdec kld` verdict for this model: the GGUF's own weights, activations rounded to int16 on "
+            "its K-quant matrices (near-lossless); float32 is the exact oracle"))
     config = replace(config, model=replace(mc, precision=precision))
-    if (precision == AUTO_CPU_PRECISION and spec is not None and spec.draft_precision is None
+    if (precision.startswith("int4") and spec is not None and spec.draft_precision is None
             and not is_self_draft(spec.draft_model)):
         config = replace(config, speculative=replace(spec, draft_precision=AUTO_DRAFT_PRECISION))
     return config, why

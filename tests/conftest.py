@@ -66,6 +66,19 @@ def engine_config(model: str, **overrides) -> EngineConfig:
                         scheduler=SchedulerConfig(**sections["scheduler"]))
 
 
+def expected_auto_precision(model: str) -> str:
+    """What `precision: auto` should give a GGUF model on this machine, worked out independently of the
+    engine: the fastest mode its `specdec kld` verdict accepts, else int4-a16; float32 without the kernel."""
+    from specdec.models.loader import gguf_identity
+    from specdec.quant import criterion, kernel
+    if not kernel.available():
+        return "float32"
+    identity = gguf_identity(model)
+    m = criterion.measurement_for(*identity) if identity else None
+    passing = [mode for mode in criterion.CPU_MODES if m and mode in m.modes and m.meets(mode)]
+    return max(passing, key=lambda mode: m.modes[mode].decode_tok_s or 0.0) if passing else "int4-a16"
+
+
 @pytest.fixture(scope="session")
 def qwen05_loaded():
     from specdec.models.loader import load_model

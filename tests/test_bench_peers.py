@@ -102,6 +102,23 @@ def test_install_step_failure_names_the_step():
     assert "boom" in log.getvalue()  # streamed as it ran
 
 
+def test_llama_cpp_build_leaves_amx_out_where_the_cpu_has_it(tmp_path, monkeypatch):
+    """-march=native everywhere but on AMX CPUs, whose llama.cpp AMX path crashes on batches: there every
+    instruction set the CPU has is named and AMX is off; a marker of other flags means a rebuild."""
+    assert llama_cpp_peer.cmake_args({"avx2", "fma"}).startswith("-DGGML_NATIVE=ON ")
+    amx = llama_cpp_peer.cmake_args({"avx2", "fma", "avx512f", "avx512_vnni", "amx_int8", "amx_tile"})
+    assert "-DGGML_NATIVE=OFF" in amx and "-DGGML_AMX_INT8=OFF" in amx
+    assert "-DGGML_AVX512=ON" in amx and "-DGGML_AVX512_VNNI=ON" in amx and "-DGGML_AVX512_BF16=OFF" in amx
+    monkeypatch.setattr(llama_cpp_peer, "venv_dir", lambda: tmp_path)
+    monkeypatch.setattr(llama_cpp_peer, "venv_python", lambda: tmp_path / "python")
+    (tmp_path / "python").write_text("")
+    (tmp_path / "installed.json").write_text(json.dumps({"version": llama_cpp_peer.VERSION, "cmake_args": "old"}))
+    assert not llama_cpp_peer.is_installed()
+    (tmp_path / "installed.json").write_text(json.dumps({"version": llama_cpp_peer.VERSION,
+                                                         "cmake_args": llama_cpp_peer.cmake_args()}))
+    assert llama_cpp_peer.is_installed()
+
+
 class FakeTransformersPeer:
     """Our own float32 engine on the same file: a peer whose greedy tokens equal our plain arm's."""
 

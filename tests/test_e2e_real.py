@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import engine_config
+from conftest import engine_config, expected_auto_precision
 from specdec.llm import LLM
 from specdec.sampling_params import SamplingParams
 
@@ -70,7 +70,6 @@ def test_cli_default_target_json():
                         "def add(a, b):"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     line = json.loads(r.stdout.strip().splitlines()[-1])
-    from specdec.quant import kernel
-    default = "int4-a16" if kernel.available() else "float32"  # the CLI's auto precision
+    default = expected_auto_precision("qwen2.5-coder-1.5b-instruct")  # the CLI's auto precision
     assert line["stats"]["generated_tokens"] == 6 and line["stats"]["precision"] == default
     assert f"precision: {default}" in r.stderr and "qwen2.5-coder-1.5b-instruct" in r.stderr

@@ -119,6 +119,38 @@ def test_many_rows_pass_over_the_weights_in_blocks_with_the_same_results(name, a
         assert torch.equal(lin(x[rows]), y[rows]), rows
 
 
+@pytest.fixture
+def avx2_then_best():
+    """Runs the integer paths with AVX2 first; restores the CPU's best instruction set afterwards."""
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    kernel.isa("avx2")
+    yield kernel
+    kernel.isa("best")
+
+
+@pytest.mark.parametrize("act", [8, 16], ids=["int4-a8", "int4-a16"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_vnni_and_avx2_paths_are_bitwise_equal(name, act, avx2_then_best):
+    """The VNNI build of the integer paths computes the same exact integer sums and the same float
+    operations as the AVX2 build: any row count, bitwise. Extreme activations reach the codes' and
+    the rounded activations' largest products (the int16 bounds the VNNI lanes rely on)."""
+    t = LAYERS[name]
+    big = lambda a: None if a is None else a.repeat(10, 4)  # noqa: E731 (240 features x 2,048)
+    lin = QuantLinear([QuantTensor(t.bits, t.group, big(t.codes), big(t.scale), big(t.offset), 4 * t.cols,
+                                   big(t.super_scale))], act)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(70, 4 * COLS, generator=g)
+    x[::7] = torch.sign(torch.randn(10, 4 * COLS, generator=g)) * 1e3  # every value at +-max: |xq| = 127
+    row_sets = (slice(0, 1), slice(1, 3), slice(3, 8), slice(8, 16), slice(0, 70))
+    avx2 = [lin(x[r]) for r in row_sets]
+    assert avx2_then_best.isa("best") in ("avx2", "avx512-vnni")
+    if avx2_then_best.isa() != "avx512-vnni":
+        pytest.skip("this CPU has no AVX-512 VNNI: only the AVX2 path runs")
+    for r, ref in zip(row_sets, avx2):
+        assert torch.equal(lin(x[r]), ref), r
+
+
 def test_kernel_and_fallback_agree_and_mixed_parts_fill_their_columns(monkeypatch):
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")

@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from conftest import engine_config
+from conftest import engine_config, expected_auto_precision
 from openai import AuthenticationError, BadRequestError
 from server_process import ServerProcess, http_json, in_process_server
 
@@ -258,7 +258,7 @@ def test_serve_without_flags_takes_the_cli_default_precision():
     from specdec.engine import resolve_precision
     from specdec.quant import kernel
     cfg, _ = resolve_precision(serve_configs(build_parser().parse_args(["serve"]))[0])  # what the engine runs
-    assert cfg.model.precision == ("int4-a16" if kernel.available() else "float32")
+    assert cfg.model.precision == expected_auto_precision(cfg.model.model)
     assert cfg.speculative.draft_precision == ("int4-a8" if kernel.available() else None)
 
 

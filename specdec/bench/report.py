@@ -79,6 +79,18 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                             "random routing"),
     "bench-affinity-2-xeon": ("2026-12-01", "xeon", "multi-turn chats on two replicas: prefix-affinity against "
                               "random routing"),
+    "kld-xeon": ("2026-12-02", "xeon", "each mode's next-token distributions against float32, llama.cpp the anchor"),
+    "bench-steps-int4-xeon": ("2026-12-02", "xeon", "forward cost by new rows, the real files: our integer modes "
+                              "(AVX-512 VNNI) and llama.cpp"),
+    "bench-steps-int4-avx2-xeon": ("2026-12-02", "xeon", "the same with SPECDEC_KERNEL_ISA=avx2"),
+    "bench-spec-llamacpp-xeon": ("2026-12-02", "xeon", "the default mode beside llama.cpp (AVX-512, no AMX) on "
+                                 "the five sets"),
+    "bench-draft-code-gen-192-llamacpp-xeon": ("2026-12-02", "xeon", "the draft model and suffix on 192-token code "
+                                               "answers beside llama.cpp"),
+    "bench-ngram-code-edit-256-llamacpp-xeon": ("2026-12-02", "xeon", "prompt lookup on code edits, 256-token "
+                                                "answers, beside llama.cpp"),
+    "bench-threads-xeon": ("2026-12-02", "xeon", "thread counts of each kernel, quiet and beside a busy process "
+                           "(AVX-512 VNNI)"),
 }
 ARM_LABELS = {
     "plain": "plain", "draft_fixed": "draft, fixed k", "draft_cost_model": "draft, cost model",
@@ -212,8 +224,19 @@ def steps_command(data: dict) -> str:
             f"--rows {','.join(map(str, rows))} --precisions {','.join(dtypes)}")
 
 
+def kld_command(data: dict) -> str:
+    extra = f" --max-tokens {data['max_tokens']}" if data.get("max_tokens") else ""
+    return (f"specdec kld --model {data['model']} --modes {','.join(data['modes_scored'])} --ctx {data['ctx']}"
+            f"{extra} --decode-tokens {data['decode_tokens']} --repeats {data['repeats']}")
+
+
 def command(data: dict) -> str:
     """The command line that reproduces the run, rebuilt from the configuration its JSON records."""
+    if data.get("mode") == "kld":
+        return kld_command(data)
+    if "best_threads" in data:
+        return (f"specdec bench threads --shape {data['shape'][0]}x{data['shape'][1]} -k {data['rows'][-1] - 1} "
+                f"--repeats {data['repeats']} --calls {data['calls']}")
     if data.get("mode") == "structured":
         return structured_command(data)
     if data.get("mode") in ("replicas", "affinity"):
@@ -354,6 +377,23 @@ def spread(s: dict, digits: int = 2, suffix: str = "") -> str:
     return f"{num(s['median'], digits)}{suffix} ({num(s['min'], digits)}–{num(s['max'], digits)})"
 
 
+def view_kld(data: dict) -> str:
+    """Every mode and llama.cpp against float32 on the same tokens (llama.cpp's KL-divergence statistics)."""
+    rows = []
+    for m, d in data["modes"].items():
+        s, tps = d["all"], d.get("decode_tok_s")
+        rows.append([m, f"{s['mean_kld']:.5f}", f"{s['p99_kld']:.4f}", f"{100 * s['same_top1']:.2f} %",
+                     f"{100 * s['rms_dp']:.2f} %", f"{s['ppl_ratio']:.4f}", num(tps),
+                     num(d.get("prompt_tok_s"), 1)])
+    crit = data.get("criterion")
+    note = (f"\n\n{data['tokens']} tokens ({', '.join(f'{k} {n}' for k, n in data['kinds'].items())}); "
+            f"float32 decodes at {num(data['float32']['decode_tok_s'])} tok/s."
+            + (f" Within the margins of llama.cpp: {', '.join(crit['meets'])}; `auto` picks **{crit['auto']}**."
+               if crit else ""))
+    return table(["mode", "mean KLD", "p99 KLD", "same top-1", "RMS Δp", "PPL ratio", "decode tok/s",
+                  "scoring tok/s"], rows) + note
+
+
 def view_replicas(data: dict) -> str:
     """Per arm (one process, N Ray replicas): throughput and latency under the same closed-loop load."""
     rows = [[arm, spread(s["tokens_per_second"], 1), spread(s["throughput_ratio"], 2, "×"),
@@ -471,7 +511,8 @@ def view_lines(root: Path, doc: Path) -> str:
 
 TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view_precision,
                "serve": view_serve, "soak": view_soak, "structured": view_structured, "steps": view_steps,
-               "replicas": view_replicas, "affinity": view_affinity, "row-invariance": view_row_invariance}
+               "replicas": view_replicas, "affinity": view_affinity, "row-invariance": view_row_invariance,
+               "kld": view_kld}
 DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
 
 

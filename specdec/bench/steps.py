@@ -1,7 +1,8 @@
 """`specdec bench steps`: what one forward costs by its number of new rows, on any device.
 
 Random weights of a model's real shapes (the registry models' hyperparameters, below), so that it
-runs where the model files are not, such as a GPU machine. For each model and precision: a forward
+runs where the model files are not, such as a GPU machine; the integer CPU modes (int4, int4-a16,
+int4-a8) pack a real file's blocks, so they load the registry model. For each model and precision: a forward
 of n new rows of one sequence after a context of `--context` tokens, logits at every row included,
 through the engine's own ModelRunner (1 row: a decode step; k + 1: verifying k drafts; more: a
 prefill chunk); median with min-max of `--repeats` runs. Reports milliseconds, the verification
@@ -35,6 +36,8 @@ SHAPES = {
     "qwen2.5-coder-1.5b-instruct": _qwen(1536, 8960, 28, 12, 128),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+INT_MODES = ("int4", "int4-a16", "int4-a8")  # the real files' weights, on the CPU
+PEER = "llama.cpp"  # the same file through llama.cpp (its peer venv), logits at every row as ours
 
 
 def random_weights(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device,
@@ -51,17 +54,29 @@ def random_weights(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device,
     return weights
 
 
+def _weights(name: str, precision: str, device: torch.device) -> tuple[LlamaConfig, dict]:
+    """Random weights of the real shapes for the dense modes; the integer modes pack a real GGUF file's
+    blocks, so they take the registry model's own weights (on the CPU: the kernels' modes)."""
+    if precision in DTYPES:
+        return SHAPES[name], random_weights(SHAPES[name], DTYPES[precision], device)
+    if device.type != "cpu":
+        raise ValueError(f"precision {precision} runs on the CPU only")
+    from specdec.models.loader import load_model
+    loaded = load_model(name, precision, "cpu", progress=False)
+    return loaded.config, loaded.weights
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def time_rows(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, rows: list[int], context: int,
+def time_rows(cfg: LlamaConfig, weights: dict, device: torch.device, rows: list[int], context: int,
               repeats: int) -> dict[int, list[float]]:
     """Seconds of each forward of n new rows after `context` tokens, per n (interleaved over repeats)."""
     block_size = 16
     blocks = -(-(context + max(rows)) // block_size)
-    model = LlamaModel(cfg, random_weights(cfg, dtype, device), context + max(rows) + 1, device)
+    model = LlamaModel(cfg, weights, context + max(rows) + 1, device)
     runner = ModelRunner(model, blocks, block_size, device)
     table = list(range(blocks))
     g = torch.Generator().manual_seed(1)
@@ -86,6 +101,28 @@ def time_rows(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, rows: 
     return times
 
 
+def time_rows_llama_cpp(name: str, rows: list[int], context: int, repeats: int) -> dict[int, list[float]]:
+    """`time_rows` through llama.cpp on the registry model's own file: the same token ids, the same
+    order of row counts, logits at every new row (as a verification needs)."""
+    from specdec.bench.llama_cpp_peer import LlamaCppPeer, is_installed
+    from specdec.models.loader import resolve
+    if not is_installed():
+        raise ValueError("steps: the llama.cpp peer is not installed (specdec bench --peers llama.cpp --install-peers)")
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, SHAPES[name].vocab_size, (context + max(rows),), generator=g).tolist()
+    peer = LlamaCppPeer(PEER, resolve(name)[1], torch.get_num_threads(), context + max(rows) + 1, logits_all=True)
+    try:
+        times: dict[int, list[float]] = {n: [] for n in rows}
+        for r in range(repeats + 1):
+            for n in rows:
+                seconds = peer.step(tokens[:context + n], context)
+                if r:
+                    times[n].append(seconds)
+        return times
+    finally:
+        peer.close()
+
+
 def run(models: list[str], precisions: list[str], device: str, rows: list[int], context: int, repeats: int,
         out: str, plot: str | None) -> dict:
     dev = torch.device(device)
@@ -96,7 +133,12 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
     for precision in precisions:
         for name in models:
             print(f"steps: {name} {precision} on {device} ...", file=sys.stderr, flush=True)
-            times = time_rows(SHAPES[name], DTYPES[precision], dev, rows, context, repeats)
+            if precision == PEER:
+                times = time_rows_llama_cpp(name, rows, context, repeats)
+            else:
+                cfg, weights = _weights(name, precision, dev)
+                times = time_rows(cfg, weights, dev, rows, context, repeats)
+                del weights
             one = statistics.median(times[rows[0]])
             for n in rows:
                 ms = [t * 1e3 for t in times[n]]
@@ -113,7 +155,8 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
             cost_ratios[precision] = {"draft": draft, "target": target, "c": by_model[draft] / by_model[target]}
     report = {"device": device, "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "threads": torch.get_num_threads(), "context": context, "repeats": repeats,
-              "weights": "random, real shapes", "results": results, "draft_cost_ratio": cost_ratios}
+              "weights": "the real files" if set(precisions) <= {*INT_MODES, PEER} else "random, real shapes",
+              "results": results, "draft_cost_ratio": cost_ratios}
     atomic_write_text(Path(out), json.dumps(report, indent=1))
     if plot:
         _plot(report, plot)
@@ -133,7 +176,8 @@ def _plot(report: dict, path: str) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("new rows in the forward (1 = decode, k + 1 = verification)")
     ax.set_ylabel("ms per forward (logits at every row)")
-    ax.set_title(f"forward cost by rows, {report['device_name']}, context {report['context']}, random weights")
+    ax.set_title(f"forward cost by rows, {report['device_name']}, context {report['context']}, "
+                 f"{report['weights']}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -146,9 +190,9 @@ def _plot(report: dict, path: str) -> None:
 def run_steps_bench(a) -> dict:
     """From `specdec bench steps`'s arguments."""
     precisions = (a.precisions or "float32,bfloat16").split(",")
-    bad = [p for p in precisions if p not in DTYPES]
+    bad = [p for p in precisions if p not in (*DTYPES, *INT_MODES, PEER)]
     rows = [int(n) for n in a.rows.split(",")]
     if bad or a.context < 1 or a.repeats < 1 or min(rows) < 1:
-        raise ValueError(f"steps: precisions from {', '.join(DTYPES)} (random weights: no GGUF blocks to pack), "
+        raise ValueError(f"steps: precisions from {', '.join((*DTYPES, *INT_MODES, PEER))}, "
                          "--context, --repeats and --rows >= 1")
     return run(a.shapes.split(","), precisions, a.device, rows, a.context, a.repeats, a.out, a.plot or None)

@@ -55,9 +55,10 @@ def _add_mode_args(b: argparse.ArgumentParser) -> None:
     """Flags that only some modes read (each help says which)."""
     b.add_argument("--precisions", default=None,
                    help="precision mode: the modes compared with float32 (default int4,int4-a16,int4-a8); steps: "
-                        "the dtypes timed (default float32,bfloat16)")
+                        "the precisions timed (default float32,bfloat16; int4 modes load the real models)")
     b.add_argument("--shapes", default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct",
-                   help="steps: models whose shapes get random weights, the draft first, the target last")
+                   help="steps: the models timed (random weights of their shapes, but for int4 modes), "
+                        "the draft first, the target last")
     b.add_argument("--rows", default="1,2,3,5,8,16,64,256", help="steps: new rows per forward")
     b.add_argument("--context", type=int, default=512, help="steps: tokens already in the cache")
     b.add_argument("--rates", default="0.05,0.1,0.2", help="serve: Poisson arrival rates (requests/s)")

@@ -98,6 +98,15 @@ def load_model(model: str, precision: str = "float32", device: str = "cpu", prog
     return LoadedModel(name, path, sha, cfg, weights, tok, time.perf_counter() - t0, hit, precision)
 
 
+def gguf_identity(model: str) -> tuple[str, int] | None:
+    """A GGUF model reference's file name (without .gguf) and size in bytes, without loading or pulling
+    it (a registry model's are known before its first pull); None for a file that is not there."""
+    if model in registry.REGISTRY:
+        return model, registry.REGISTRY[model].size
+    path = Path(model).expanduser()
+    return (path.stem, path.stat().st_size) if path.is_file() else None
+
+
 def is_gguf(model: str) -> bool:
     """Whether a model reference names a GGUF file (registry models are GGUF files), without loading."""
     return model in registry.REGISTRY or Path(model).expanduser().suffix == ".gguf"

@@ -16,15 +16,19 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
 from specdec.config import specdec_home
 
-SOURCES = [Path(__file__).with_name(f) for f in ("qlinear.cpp", "layer_ops.cpp", "decoder.cpp")]
-HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "simd.h")]  # included by the sources: hashed too
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+SOURCES = [Path(__file__).with_name(f) for f in ("qlinear.cpp", "qlinear_vnni.cpp", "layer_ops.cpp", "decoder.cpp")]
+HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "simd.h", "qlinear.h")]  # included: hashed too
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=c++17"]
+# instruction sets a source is built for beyond AVX2; its code runs only where the CPU has them (kernel_isa)
+EXTRA_FLAGS = {"qlinear_vnni.cpp": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]}
+ISAS = {0: "avx2", 1: "avx512-vnni"}  # kernels.h's KERNEL_ISA_*
 
 
 # ---- the C ABI of kernels.h, mirrored once (tests/test_quant.py checks it against the header) ----
@@ -55,6 +59,7 @@ SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
     "qlinear": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("bits", _int), ("group", _int), ("codes", _ptr),
                        ("scale", _ptr), ("offset", _ptr), ("n", _i64), ("y", _ptr), ("ldy", _i64),
                        ("threads", _int), ("act", _int), ("sub", _ptr), ("dsup", _ptr)]),
+    "kernel_isa": (_int, [("request", _int)]),
     "dense_linear": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("w", _ptr), ("n", _i64), ("y", _ptr),
                             ("ldy", _i64), ("threads", _int)]),
     "rms_norm": (None, [("x", _ptr), ("ldx", _i64), ("delta", _ptr), ("ldd", _i64), ("rows", _i64), ("h", _i64),
@@ -84,7 +89,7 @@ def _cpu_has_avx2() -> bool:
 
 def library_path() -> Path:
     sources = b"".join(f.read_bytes() for f in SOURCES + HEADERS)
-    digest = hashlib.sha256(sources + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(sources + " ".join(FLAGS).encode() + repr(EXTRA_FLAGS).encode()).hexdigest()[:16]
     return specdec_home() / "kernels" / f"qlinear-{digest}.so"
 
 
@@ -103,13 +108,22 @@ def build(verbose: bool = True) -> Path:
     if verbose:
         print(f"building the CPU kernels: {cxx} {' '.join(f.name for f in SOURCES)} -> {out}", file=sys.stderr)
     try:
-        proc = subprocess.run([cxx, *FLAGS, "-o", str(tmp), *map(str, SOURCES)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"compiling the CPU kernels failed:\n{proc.stderr[-2000:]}")
+        with tempfile.TemporaryDirectory(prefix="specdec-kernels-") as objects:
+            compiled = []
+            for src in SOURCES:  # one object per source: each with its own instruction-set flags
+                compiled.append(Path(objects) / f"{src.stem}.o")
+                _compile([cxx, *FLAGS, *EXTRA_FLAGS.get(src.name, []), "-c", str(src), "-o", str(compiled[-1])])
+            _compile([cxx, *FLAGS, "-shared", "-o", str(tmp), *map(str, compiled)])
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+def _compile(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compiling the CPU kernels failed:\n{proc.stderr[-2000:]}")
 
 
 @functools.cache
@@ -125,6 +139,8 @@ def _library() -> ctypes.CDLL | str:
         f = getattr(lib, name)
         f.argtypes = [t for _, t in args]
         f.restype = restype
+    if os.environ.get("SPECDEC_KERNEL_ISA") == "avx2":  # pin AVX2 where the CPU has more (A/B measurements)
+        lib.kernel_isa(0)
     return lib
 
 
@@ -132,6 +148,13 @@ def _lib() -> ctypes.CDLL:
     lib = _library()
     assert not isinstance(lib, str), lib
     return lib
+
+
+def isa(request: str | None = None) -> str:
+    """The instruction set of the integer-activation paths ("avx512-vnni" where the CPU has it, else
+    "avx2"); `request` "avx2" pins AVX2 for this process (tests compare the paths), "best" undoes it."""
+    code = {None: -1, "avx2": 0, "best": 1}[request]
+    return ISAS[_lib().kernel_isa(code)]
 
 
 def available() -> bool:

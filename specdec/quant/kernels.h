@@ -46,12 +46,19 @@ struct Dims {
     float attn_scale;
 };
 
+// kernel_isa's instruction sets for the integer-activation paths
+#define KERNEL_ISA_AVX2 0
+#define KERNEL_ISA_VNNI 1
+
 extern "C" {
 
 // qlinear.cpp: linear layers (each documented at its definition)
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes, const float* scale,
             const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int16_t* sub,
             const float* dsup);
+// The instruction set the integer-activation paths use: request KERNEL_ISA_AVX2 or KERNEL_ISA_VNNI (the
+// best the CPU has; the default), or -1 to ask. Returns the one in use.
+int kernel_isa(int request);
 int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y, int64_t ldy,
                  int threads);
 

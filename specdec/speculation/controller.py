@@ -24,10 +24,11 @@ Policies (SpeculativeConfig.policy):
     best case, every draft accepted, must save more over the remaining tokens than the probe's
     catch-up prefill costs; and where the remaining tokens are known, a probe pays a catch-up of more
     than k + 1 tokens only while the draft has never been verified on the request's domain (the
-    exploration a new domain needs; after that the one-time cost is weighed against the expected
-    saving above: paid on a best-case bet it costs short requests more than it saves). Where even that
-    cannot pay (a draft model nearly as slow as the target) the request stays plain and costs what
-    plain decoding costs. Each probe after which the request's
+    exploration a new domain needs, which comes at the request's first plain step rather than after
+    an interval: the catch-up only grows while it waits; after that the one-time cost is weighed
+    against the expected saving above: paid on a best-case bet it costs short requests more than it
+    saves). Where even that cannot pay (a draft model nearly as slow as the target) the request stays
+    plain and costs what plain decoding costs. Each probe after which the request's
     estimated acceptance is below the threshold doubles the wait before the next (up to 16 times
     `reprobe_interval`): one unlucky probe of a good draft barely moves the estimate.
     The forward costs miss what else a step costs (sampling and rejection over the vocabulary, the
@@ -176,10 +177,13 @@ class SpecController:
                 k = 0  # the draft's prefill would cost more than speculation can win back
         if k == 0:  # keep learning: probe now and then, while a probe could still pay for itself
             st.plain_steps += 1
-            if st.plain_steps >= self._probe_interval(st):
+            unexplored = self._counts(st.domain)[1][0] < 1.0
+            # on a domain never verified the first probe comes at once: a draft model's catch-up only
+            # grows with each plain step, and nothing better than the prior can be learnt by waiting
+            if st.plain_steps >= (1 if unexplored and not st.failed_probes else self._probe_interval(st)):
                 st.plain_steps = 0
                 # a large catch-up is paid on a best-case bet only while nothing is known of this domain
-                explore = remaining is None or catch_up <= self.max_k + 1 or self._counts(st.domain)[1][0] < 1.0
+                explore = remaining is None or catch_up <= self.max_k + 1 or unexplored
                 if explore and self._probe_can_pay(batch_size, remaining, catch_up):
                     self.num_reprobes += 1
                     st.cost_probe = True
