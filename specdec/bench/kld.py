@@ -17,6 +17,7 @@ import math
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,14 @@ class Divergence:
         self.dp += (t.exp() - t_ref.exp()).tolist()
         self.nll_ref -= float(t_ref.sum())
         self.nll -= float(t.sum())
+
+    def extend(self, other: Divergence) -> None:
+        """Take in another run's positions (a chunk scored once counts toward several summaries)."""
+        self.kld += other.kld
+        self.dp += other.dp
+        self.same_top1 += other.same_top1
+        self.nll_ref += other.nll_ref
+        self.nll += other.nll
 
     def summary(self) -> dict:
         n = len(self.kld)
@@ -128,8 +137,9 @@ def run_kld(a) -> dict:
             targets = torch.tensor(ids[1:])
             logits = {}
             for m, eng in engines.items():
-                with _timer(seconds, m):
-                    logits[m] = eng.teacher_logits(ids[:1], ids[1:])
+                t0 = time.perf_counter()
+                logits[m] = eng.teacher_logits(ids[:1], ids[1:])
+                seconds[m] += time.perf_counter() - t0
             if peer:
                 out, s = peer.score(ids, Path(scratch))
                 seconds[ANCHOR] += s
@@ -138,11 +148,12 @@ def run_kld(a) -> dict:
                 logits[ANCHOR] = peer_logits
             support = logits["float32"][0].isfinite()
             keep = support[targets]  # a never-sample token in the text is not scored
-            ref = logits["float32"][keep][:, support]
+            ref, cols = logits["float32"][keep][:, support], _remap(targets[keep], support)
             for m in names:
-                x = logits[m][keep][:, support]
-                stats[(m, "all")].add(ref, x, _remap(targets[keep], support))
-                stats[(m, kind)].add(ref, x, _remap(targets[keep], support))
+                chunk = Divergence()
+                chunk.add(ref, logits[m][keep][:, support], cols)
+                stats[(m, "all")].extend(chunk)
+                stats[(m, kind)].extend(chunk)
     if peer:
         peer.close()
     speed = _decode_speed(llms, work[0][1][:128], a.decode_tokens, a.repeats) if a.decode_tokens else {}
@@ -180,19 +191,6 @@ def machine() -> str:
 def _remap(targets: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
     """Token ids -> their column among the supported (finite) columns."""
     return (support.long().cumsum(0) - 1)[targets]
-
-
-class _timer:
-    def __init__(self, acc: dict, key: str) -> None:
-        self.acc, self.key = acc, key
-
-    def __enter__(self):
-        import time
-        self.t = time.perf_counter()
-
-    def __exit__(self, *exc):
-        import time
-        self.acc[self.key] += time.perf_counter() - self.t
 
 
 def verdict(result: dict) -> Measurement:
