@@ -146,6 +146,8 @@ def test_kld_command_end_to_end(fake_anchor, tiny_kquant, tmp_path, monkeypatch,
     r = json.loads(out.read_text())
     assert set(r["modes"]) == {"int4", "int4-a8", "llama.cpp"} and set(r["kinds"]) == {"code", "prose"}
     assert r["tokens"] == sum(r["kinds"].values()) > 0 and png.stat().st_size > 0
+    assert r["first"] == 48 and r["tokens"] < r["tokens_all_positions"]    # the second half of each chunk
+    assert r["modes"]["int4"]["all_positions"]["tokens"] == r["tokens_all_positions"]
     ours, anchor = r["modes"]["int4"]["all"], r["modes"]["llama.cpp"]["all"]
     assert 0 < ours["mean_kld"] < r["modes"]["int4-a8"]["all"]["mean_kld"] < anchor["mean_kld"]
     assert ours["same_top1"] > 0.9 and ours["p99_kld"] <= ours["max_kld"]
@@ -158,6 +160,22 @@ def test_kld_command_end_to_end(fake_anchor, tiny_kquant, tmp_path, monkeypatch,
     assert "| int4-a8 |" in err and f"auto: {r['criterion']['auto']}" in err
     assert main(args[:-4] + ["--no-llama-cpp", "--save", "--out", str(out), "--plot", ""]) == 2
     assert main(args[:-4] + ["--ctx", "10", "--out", str(out), "--plot", ""]) == 2
+    assert main(args[:-4] + ["--first", "95", "--out", str(out), "--plot", ""]) == 2
+
+
+def test_scored_rows_start_at_first_and_every_row_is_reported_beside_them():
+    """Rows before `first` (few tokens of context) count only in the every-row figures; the verdict's
+    figures are those of the later rows."""
+    vocab, n = 8, 6
+    ref = torch.zeros(n, vocab)
+    far = ref.clone()
+    far[:2, 3] = 9.0                     # rows 0-1 disagree with float32, rows 2-5 agree
+    scores = kld.Scores(["m"])
+    kld._score_chunk(scores, "code", list(range(n + 1)), {"float32": ref, "m": far}, first=2)
+    scored, every = scores.summary("m", "scored"), scores.summary("m", "positions")
+    assert scored["tokens"] == 4 and scored["mean_kld"] == 0 and scored["same_top1"] == 1
+    assert every["tokens"] == 6 and every["mean_kld"] > 0 and every["same_top1"] == pytest.approx(4 / 6)
+    assert scores.summary("m", "scored", "code") == scored
 
 
 def test_llama_cpp_step_times_new_rows_after_a_kept_context(fake_anchor, tiny_qwen, capfd):

@@ -57,7 +57,7 @@ def test_blocks_decode_to_the_files_values_and_pack_round_trips(qtype):
 def _layers():
     rng = np.random.default_rng(7)
     out = {}
-    for qtype in (Q.Q4_K, Q.Q4_0, Q.Q8_0, Q.Q6_K, Q.Q5_K):
+    for qtype in (Q.Q4_K, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q6_K, Q.Q5_K):
         out[qtype.name] = QuantTensor.from_codes(decode(_random_blocks(qtype, rng), qtype, ROWS, COLS))
     return out
 
@@ -81,23 +81,41 @@ ACTS = pytest.mark.parametrize("act", [0, 8, 16], ids=["int4", "int4-a8", "int4-
 @ACTS
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_quantized_linear_matches_float64_and_is_batch_invariant(name, path, act):
+    """Each product is dequant(W) . x_used in float64 up to float32 accumulation, where x_used is x
+    (int4), or x rounded as the kernel rounds it: under int4-a8 the offsets too see the rounded x
+    (llama.cpp's arithmetic); under int4-a16 they see the unrounded sums. 1 to 70 rows."""
     qt = LAYERS[name]
     lin = QuantLinear([qt], act)
-    x = torch.randn(11, COLS, generator=torch.Generator().manual_seed(1))
-    # int4-a8 rounds x to int8 per 32 values, per 256 on K-quant super-blocks; int4-a16 to int16 per 256
-    # values on super-blocks only (offsets see the unrounded sums); int4 uses x as it is
+    x = torch.randn(70, COLS, generator=torch.Generator().manual_seed(1))
+    x[5, 3] = 40.0  # an outlier that takes its whole activation block's int8 range
     act = qt.act_of(act)
     xr = packed.quantize_act(x, 256 if act == 16 else qt.act8_block, act) if act else x
     ref = xr.double() @ qt.dequantize().double().t()
-    if act and qt.offset is not None:
-        xs = lambda v: v.double().view(11, -1, qt.group).sum(-1)  # noqa: E731
+    if act == 16 and qt.offset is not None:
+        xs = lambda v: v.double().view(70, -1, qt.group).sum(-1)  # noqa: E731
         ref += (xs(x) - xs(xr)) @ qt.offset.double().t()
     y = lin(x)
-    bound = 1e-5 * (x.double().abs() @ qt.dequantize().double().abs().t()) + 1e-6
+    # float32 rounding of sums of 512 terms, relative to the sum of the terms' magnitudes
+    bound = 1e-5 * (xr.double().abs() @ qt.dequantize().double().abs().t()) + 1e-6
     assert ((y.double() - ref).abs() <= bound).all()
-    for rows in (1, 2, 3, 4, 5, 8, 9):  # any row count, any neighbours: bitwise the same row
-        sel = torch.randperm(11, generator=torch.Generator().manual_seed(rows))[:rows]
+    for rows in (1, 2, 3, 4, 5, 8, 9, 17, 70):  # any row count, any neighbours: bitwise the same row
+        sel = torch.randperm(70, generator=torch.Generator().manual_seed(rows))[:rows]
         assert torch.equal(lin(x[sel]), y[sel])
+
+
+@pytest.mark.parametrize("name", [n for n in LAYERS if LAYERS[n].offset is not None])
+def test_int8_offsets_multiply_the_rounded_activations(name):
+    """With the offsets on the unrounded x's sums (the old int4-a8 form), a product misses w . x_rounded
+    by the offsets times the rounding error, far above float32 rounding: the reference above tells them apart."""
+    qt = LAYERS[name]
+    x = torch.randn(8, COLS, generator=torch.Generator().manual_seed(2))
+    xr = packed.quantize_act(x, qt.act8_block, 8)
+    exact = xr.double() @ qt.dequantize().double().t()
+    xs = lambda v: v.double().view(8, -1, qt.group).sum(-1)  # noqa: E731
+    old = exact + (xs(x) - xs(xr)) @ qt.offset.double().t()
+    y = QuantLinear([qt], 8)(x).double()
+    assert (y - exact).abs().max() * 100 < (old - exact).abs().max()
+    assert torch.allclose(packed.offset_sums(x, qt.group, 8, qt.act8_block).double(), xs(xr), rtol=1e-6, atol=1e-5)
 
 
 @ACTS
@@ -321,3 +339,17 @@ def test_int4_refuses_a_safetensors_folder(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ModelFileError, match="int4"):
         load_model(str(tmp_path), "int4", progress=False)
+
+
+def test_matmul_error_bench_tells_the_two_offset_forms_apart():
+    """`specdec bench matmul`'s measure on a designed layer: the exact form (and the kernel) is closer to
+    float64 W x than the offsets on unrounded sums are, and Q6_K (no offsets) has one form."""
+    from specdec.bench.matmul_error import part_errors, summarize
+    x = torch.randn(16, COLS, generator=torch.Generator().manual_seed(3))
+    q4k, q6k = part_errors(LAYERS["Q4_K"], x), part_errors(LAYERS["Q6_K"], x)
+    assert q4k["qtype"] == "Q4_K" and q4k["exact"] < q4k["unrounded"]
+    assert q6k["qtype"] == "Q6_K" and q6k["exact"] == q6k["unrounded"]
+    if kernel.available():
+        assert q4k["kernel_vs_exact"] < 1e-5 and q6k["kernel_vs_exact"] < 1e-5
+    rows = summarize([{"layer": 0, "part": "attn_q", **q4k}, {"layer": 1, "part": "attn_q", **q4k}])
+    assert rows[0]["layers"] == 2 and rows[0]["ratio_min"] == rows[0]["ratio_max"] > 1

@@ -6,7 +6,8 @@ tokenized per kind and cut into chunks of `--ctx` tokens. Each chunk is teacher-
 (the reference), every other mode, and llama.cpp (its peer venv, every position's logits); per scored
 position we keep the statistics of llama.cpp's `perplexity --kl-divergence`: KL(float32 || mode), whether
 the top-1 token is the same, Δp (the probability the mode gives the text's next token minus float32's)
-and both log-likelihoods. Modes run in lockstep per chunk, so only one chunk's logits are in memory.
+and both log-likelihoods. As that tool does, the verdict scores each chunk's second half (`--first`);
+every row's figures are reported beside them. Modes run in lockstep per chunk, so only one chunk's logits are in memory.
 Then a short greedy decode per mode (interleaved repeats) ranks their speed. With --save the verdict
 goes to $SPECDEC_HOME/precision/, where `precision: auto` reads it (quant/criterion.py).
 """
@@ -104,76 +105,120 @@ def _decode_speed(llms: dict, prompt: list[int], tokens: int, repeats: int) -> d
     return {m: statistics.median(r[1:]) for m, r in runs.items()}
 
 
+@dataclass
+class Scores:
+    """Each mode's divergence per (scope, kind): scope "scored" counts the rows from --first on (llama.cpp's
+    `--kl-divergence` scores the second half of each window: a row's first few positions are predicted
+    from a few tokens of context, where every quantized mode is far off), "positions" every row."""
+    names: list[str]
+    by: dict[tuple[str, str, str], Divergence] = field(default_factory=dict)
+
+    def add(self, mode: str, kind: str, scope: str, chunk: Divergence) -> None:
+        for k in ("all", kind):
+            self.by.setdefault((mode, scope, k), Divergence()).extend(chunk)
+
+    def summary(self, mode: str, scope: str, kind: str = "all") -> dict:
+        return self.by.get((mode, scope, kind), Divergence()).summary()
+
+
+def _engines(a, modes: list[str]) -> dict:
+    from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from specdec.llm import LLM
+    config = lambda m: EngineConfig(model=ModelConfig(model=a.model, precision=m, num_threads=a.threads),  # noqa: E731
+                                    cache=CacheConfig(target_cache_blocks=a.ctx // 16 + 8, enable_prefix_caching=False),
+                                    scheduler=SchedulerConfig(max_num_batched_tokens=a.ctx))
+    return {m: LLM(config=config(m), progress=False) for m in modes}
+
+
+def _chunk_logits(engines: dict, peer, ids: list[int], never: torch.Tensor, scratch: Path,
+                  seconds: dict[str, float]) -> dict[str, torch.Tensor]:
+    """Every mode's (and the anchor's) logits at each row of one chunk: [len(ids) - 1, vocab]."""
+    logits = {}
+    for m, eng in engines.items():
+        t0 = time.perf_counter()
+        logits[m] = eng.teacher_logits(ids[:1], ids[1:])
+        seconds[m] += time.perf_counter() - t0
+    if peer:
+        out, s = peer.score(ids, scratch)
+        seconds[ANCHOR] += s
+        peer_logits = torch.from_numpy(out[:-1, : logits["float32"].shape[1]]).clone()
+        peer_logits[:, never[never < peer_logits.shape[1]]] = -math.inf  # the same support as ours
+        logits[ANCHOR] = peer_logits
+    return logits
+
+
+def _score_chunk(scores: Scores, kind: str, ids: list[int], logits: dict[str, torch.Tensor], first: int) -> None:
+    """Adds one chunk's rows to every mode's statistics: all rows to "positions", rows >= first to "scored"."""
+    targets = torch.tensor(ids[1:])
+    support = logits["float32"][0].isfinite()
+    keep = support[targets]  # a never-sample token in the text is not scored
+    late = keep & (torch.arange(len(targets)) >= first)
+    for scope, rows in (("positions", keep), ("scored", late)):
+        if not rows.any():
+            continue
+        ref, cols = logits["float32"][rows][:, support], _remap(targets[rows], support)
+        for m in scores.names:
+            chunk = Divergence()
+            chunk.add(ref, logits[m][rows][:, support], cols)
+            scores.add(m, kind, scope, chunk)
+
+
 def run_kld(a) -> dict:
     from tqdm import tqdm
 
     from specdec.bench import llama_cpp_peer
-    from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from specdec.llm import LLM
     from specdec.models.loader import resolve
 
     modes = ["float32"] + [m for m in a.modes.split(",") if m != "float32"]
     _, gguf = resolve(a.model)
-    config = lambda m: EngineConfig(model=ModelConfig(model=a.model, precision=m, num_threads=a.threads),  # noqa: E731
-                                    cache=CacheConfig(target_cache_blocks=a.ctx // 16 + 8, enable_prefix_caching=False),
-                                    scheduler=SchedulerConfig(max_num_batched_tokens=a.ctx))
-    llms = {m: LLM(config=config(m), progress=False) for m in modes}
+    llms = _engines(a, modes)
     engines = {m: llm.engine for m, llm in llms.items()}
     tok = llms["float32"].tokenizer
-    rows = read_corpus(Path(a.corpus))
-    work = chunks(tok, rows, a.ctx, a.max_tokens)
+    work = chunks(tok, read_corpus(Path(a.corpus)), a.ctx, a.max_tokens)
     peer = None
     if a.llama_cpp:
         if not llama_cpp_peer.is_installed():
             raise ValueError("the llama.cpp anchor is not installed: add --install-peer (builds it, about 9 minutes) "
                              "or pass --no-llama-cpp")
         peer = llama_cpp_peer.LlamaCppPeer(ANCHOR, gguf, a.threads or 2, a.ctx, logits_all=True)
-    names = modes[1:] + ([ANCHOR] if peer else [])
-    stats = {(m, k): Divergence() for m in names for k in ["all", *dict.fromkeys(k for k, _ in work)]}
+    scores = Scores(modes[1:] + ([ANCHOR] if peer else []))
     seconds = {m: 0.0 for m in modes + ([ANCHOR] if peer else [])}
     never = torch.tensor(sorted(tok.never_sample_ids), dtype=torch.long)
     with tempfile.TemporaryDirectory(prefix="specdec-kld-") as scratch:
         for kind, ids in tqdm(work, desc="specdec kld", unit="chunk", file=sys.stderr):
-            targets = torch.tensor(ids[1:])
-            logits = {}
-            for m, eng in engines.items():
-                t0 = time.perf_counter()
-                logits[m] = eng.teacher_logits(ids[:1], ids[1:])
-                seconds[m] += time.perf_counter() - t0
-            if peer:
-                out, s = peer.score(ids, Path(scratch))
-                seconds[ANCHOR] += s
-                peer_logits = torch.from_numpy(out[:-1, : logits["float32"].shape[1]]).clone()
-                peer_logits[:, never[never < peer_logits.shape[1]]] = -math.inf  # the same support as ours
-                logits[ANCHOR] = peer_logits
-            support = logits["float32"][0].isfinite()
-            keep = support[targets]  # a never-sample token in the text is not scored
-            ref, cols = logits["float32"][keep][:, support], _remap(targets[keep], support)
-            for m in names:
-                chunk = Divergence()
-                chunk.add(ref, logits[m][keep][:, support], cols)
-                stats[(m, "all")].extend(chunk)
-                stats[(m, kind)].extend(chunk)
+            _score_chunk(scores, kind, ids, _chunk_logits(engines, peer, ids, never, Path(scratch), seconds), a.first)
     if peer:
         peer.close()
     speed = _decode_speed(llms, work[0][1][:128], a.decode_tokens, a.repeats) if a.decode_tokens else {}
-    scored = stats[(names[0], "all")].summary()["tokens"] if names else 0
     forwarded = sum(len(ids) - 1 for _, ids in work)
-    result = {"mode": "kld", "model": a.model, "gguf": gguf.name, "modes_scored": modes[1:],
-              "max_tokens": a.max_tokens, "decode_tokens": a.decode_tokens, "repeats": a.repeats, "file_bytes": gguf.stat().st_size, "corpus": a.corpus,
-              "machine": machine(), "ctx": a.ctx, "tokens": scored, "kinds": {k: stats[(names[0], k)].summary()["tokens"]
-                                                       for k in dict.fromkeys(k for k, _ in work)},
-              "threads": a.threads, "llama_cpp_version": peer.version if peer else None,
-              "modes": {m: {"all": stats[(m, "all")].summary(),
-                            "by_kind": {k: stats[(m, k)].summary() for (mm, k) in stats if mm == m and k != "all"},
-                            "prompt_tok_s": forwarded / seconds[m] if seconds[m] else None,
-                            "decode_tok_s": speed.get(m)} for m in names},
-              "float32": {"prompt_tok_s": forwarded / seconds["float32"], "decode_tok_s": speed.get("float32")},
-              "margins": {"kld": KLD_MARGIN, "top1": TOP1_MARGIN}}
+    result = _result(a, gguf, modes, scores, [k for k, _ in work], speed, forwarded, seconds)
+    result["llama_cpp_version"] = peer.version if peer else None
     if peer:
         v = verdict(result)
         result["criterion"] = {"meets": [m for m in v.modes if v.meets(m)], "auto": v.choose(tuple(v.modes))}
     return result
+
+
+def _result(a, gguf: Path, modes: list[str], scores: Scores, kinds: list[str], speed: dict[str, float],
+            forwarded: int, seconds: dict[str, float]) -> dict:
+    """The JSON of a run: per mode the "scored" rows' statistics overall (`all`) and per kind, and every
+    row's (`all_positions`)."""
+    kinds = list(dict.fromkeys(kinds))
+    lead = scores.names[0] if scores.names else None
+    mode_result = lambda m: {  # noqa: E731
+        "all": scores.summary(m, "scored"), "all_positions": scores.summary(m, "positions"),
+        "by_kind": {k: scores.summary(m, "scored", k) for k in kinds},
+        "prompt_tok_s": forwarded / seconds[m] if seconds[m] else None, "decode_tok_s": speed.get(m)}
+    return {"mode": "kld", "model": a.model, "gguf": gguf.name, "file_bytes": gguf.stat().st_size,
+            "modes_scored": modes[1:], "corpus": a.corpus, "machine": machine(), "threads": a.threads,
+            "ctx": a.ctx, "first": a.first, "max_tokens": a.max_tokens,
+            "decode_tokens": a.decode_tokens, "repeats": a.repeats,
+            "tokens": scores.summary(lead, "scored")["tokens"] if lead else 0,
+            "tokens_all_positions": scores.summary(lead, "positions")["tokens"] if lead else 0,
+            "kinds": {k: scores.summary(lead, "scored", k)["tokens"] if lead else 0 for k in kinds},
+            "modes": {m: mode_result(m) for m in scores.names},
+            "float32": {"prompt_tok_s": forwarded / seconds["float32"], "decode_tok_s": speed.get("float32")},
+            "margins": {"kld": KLD_MARGIN, "top1": TOP1_MARGIN}}
 
 
 def machine() -> str:
@@ -200,7 +245,7 @@ def verdict(result: dict) -> Measurement:
     modes = {m: score(d) for m, d in result["modes"].items() if m != ANCHOR}
     modes["float32"] = ModeScore(0.0, 1.0, result["float32"]["decode_tok_s"])
     return Measurement(result["gguf"].removesuffix(".gguf"), result["file_bytes"], score(result["modes"][ANCHOR]),
-                       modes, result.get("machine", ""))
+                       modes, result.get("machine", ""), result.get("first", 0))
 
 
 def plot(result: dict, path: str) -> None:
@@ -218,20 +263,27 @@ def plot(result: dict, path: str) -> None:
     ax2.set_title("same top-1 token as float32, %")
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=30)
-    fig.suptitle(f"{result['gguf']}: {result['tokens']} tokens, {result['machine']}", fontsize=9)
+    fig.suptitle(f"{result['gguf']}: {result['tokens']} tokens (rows from {result.get('first', 0)} of each "
+                 f"{result['ctx']}-token chunk), {result['machine']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def table(result: dict) -> str:
-    head = "| mode | mean KLD | p99 KLD | same top-1 | RMS Δp | PPL ratio | decode tok/s |\n|---|---|---|---|---|---|---|\n"
+    """Markdown: each mode's statistics over the rows from `first` on, and its mean KLD and same-top-1
+    over every row beside them."""
+    first = result.get("first", 0)
+    head = (f"| mode | mean KLD | p99 KLD | same top-1 | RMS Δp | PPL ratio | mean KLD, every row | "
+            f"same top-1, every row | decode tok/s |\n|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for m, d in result["modes"].items():
-        s, tps = d["all"], d.get("decode_tok_s")
+        s, e, tps = d["all"], d.get("all_positions", d["all"]), d.get("decode_tok_s")
         lines.append(f"| {m} | {s['mean_kld']:.5f} | {s['p99_kld']:.4f} | {100 * s['same_top1']:.2f} % | "
-                     f"{100 * s['rms_dp']:.2f} % | {s['ppl_ratio']:.4f} | {f'{tps:.1f}' if tps else '—'} |")
-    return head + "\n".join(lines)
+                     f"{100 * s['rms_dp']:.2f} % | {s['ppl_ratio']:.4f} | {e['mean_kld']:.5f} | "
+                     f"{100 * e['same_top1']:.2f} % | {f'{tps:.1f}' if tps else '—'} |")
+    return (f"rows from position {first} of each {result['ctx']}-token chunk: {result['tokens']} tokens "
+            f"(every row: {result.get('tokens_all_positions', result['tokens'])})\n\n" + head + "\n".join(lines))
 
 
 def register(sub) -> None:
@@ -241,7 +293,9 @@ def register(sub) -> None:
     p.add_argument("--model", default=DEFAULT_TARGET, help="a GGUF model (registry name or path)")
     p.add_argument("--modes", default="bfloat16,int4,int4-a16,int4-a8", help="comma-separated modes to score")
     p.add_argument("--corpus", default=str(CORPUS), help="JSON Lines of {kind, source, text}")
-    p.add_argument("--ctx", type=int, default=512, help="tokens per chunk (each chunk is scored from its start)")
+    p.add_argument("--ctx", type=int, default=512, help="tokens per chunk")
+    p.add_argument("--first", type=int, default=None, help="the first scored row of each chunk (predicted from "
+                   "first + 1 tokens); default ctx / 2, as llama.cpp's --kl-divergence. Every row is reported too")
     p.add_argument("--max-tokens", type=int, default=None, help="score at most about this many tokens")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-llama-cpp", dest="llama_cpp", action="store_false", help="no anchor (and no verdict)")
@@ -262,6 +316,9 @@ def cmd_kld(a) -> int:
 
     if a.ctx < 65:
         raise ValueError(f"--ctx must be at least 65 tokens, got {a.ctx}")
+    a.first = a.ctx // 2 if a.first is None else a.first
+    if not 0 <= a.first <= a.ctx - 2:
+        raise ValueError(f"--first must be between 0 and ctx - 2 = {a.ctx - 2}, got {a.first}")
     if a.save and not a.llama_cpp:
         raise ValueError("--save needs the llama.cpp anchor: the verdict compares each mode with it")
     if a.llama_cpp and a.install_peer and not llama_cpp_peer.is_installed():

@@ -3,14 +3,14 @@
 llama-cpp-python is never a dependency of specdec: `install()` builds it from source (CPU only, for
 this machine's instruction set; about 9 minutes on 2 cores) into `$SPECDEC_HOME/peers/llama-cpp/`,
 and only when the user asks (`specdec bench --peers llama.cpp --install-peers`). `LlamaCppPeer`
-starts that venv's python on `llama_cpp_worker.py` and talks JSON Lines to it (protocol there).
+starts that venv's python on `llama_cpp_worker.py` and talks JSON Lines to it (protocol there;
+the pipe is peer_worker.py's).
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +18,8 @@ from typing import TextIO
 
 import numpy as np
 
-from specdec.bench.peers import PeerError, PeerResult
+from specdec.bench.peer_worker import PeerWorker, run_step
+from specdec.bench.peers import PeerResult
 from specdec.config import specdec_home
 from specdec.fileio import atomic_write_text
 
@@ -65,6 +66,12 @@ def _marker() -> Path:
     return venv_dir() / "installed.json"
 
 
+def install_hint() -> str:
+    """What is missing and how to get it, for check_peers' message."""
+    return (f"(llama-cpp-python=={VERSION} in {venv_dir()}); add --install-peers to build it there from source "
+            "(about 9 minutes, once)")
+
+
 def is_installed() -> bool:
     """True once `install()` finished and its import check passed (a marker file: no subprocess)."""
     try:
@@ -98,14 +105,7 @@ def install(log: TextIO = sys.stderr) -> None:
 
 
 def _step(cmd: list[str], what: str, log: TextIO, env: dict | None = None) -> None:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-    tail: list[str] = []
-    for line in proc.stdout:  # stream, so a 9-minute build shows it is alive
-        log.write(line)
-        log.flush()
-        tail = (tail + [line])[-20:]
-    if proc.wait() != 0:
-        raise PeerError(f"llama.cpp peer: {what} failed (exit {proc.returncode}):\n{''.join(tail)}")
+    run_step(cmd, f"llama.cpp peer: {what}", log, env)
 
 
 class LlamaCppPeer:
@@ -117,28 +117,15 @@ class LlamaCppPeer:
                  logits_all: bool = False) -> None:
         """`logits_all`: keep every position's logits, for `score` (costs memory: n_ctx x vocab floats)."""
         self.name = name
-        # -P: the worker's folder (specdec/bench) must not shadow modules llama_cpp imports
-        self.proc = subprocess.Popen([str(python or venv_python()), "-P", str(worker)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        self.pid = self.proc.pid  # spec_bench counts its CPU as the bench's own, not competition
-        reply = self._call({"model_path": str(model_path), "n_ctx": n_ctx, "n_threads": num_threads,
-                            "lookup": lookup, "num_pred_tokens": num_pred_tokens, "logits_all": logits_all})
+        self.worker = PeerWorker(name, python or venv_python(), worker)
+        self.proc, self.pid = self.worker.proc, self.worker.pid
+        reply = self.worker.call({"model_path": str(model_path), "n_ctx": n_ctx, "n_threads": num_threads,
+                                  "lookup": lookup, "num_pred_tokens": num_pred_tokens, "logits_all": logits_all})
         self.load_seconds = reply["load_seconds"]
         self.version = reply.get("version")
 
-    def _call(self, request: dict) -> dict:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise PeerError(f"{self.name} worker exited (code {self.proc.wait()}); see its stderr above")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise PeerError(f"{self.name} worker: {reply['error']}")
-        return reply
-
     def generate(self, prompt_ids: list[int], max_tokens: int) -> PeerResult:
-        r = self._call({"prompt_ids": prompt_ids, "max_tokens": max_tokens})
+        r = self.worker.call({"prompt_ids": prompt_ids, "max_tokens": max_tokens})
         return PeerResult.of(r["token_ids"], r["seconds"], r["ttft_seconds"])
 
     def score(self, ids: list[int], scratch: Path) -> tuple[np.ndarray, float]:
@@ -146,19 +133,14 @@ class LlamaCppPeer:
         over through a .npy file in `scratch`) and its seconds."""
         path = scratch / f"llama-logits-{self.pid}.npy"
         try:
-            r = self._call({"score_ids": ids, "logits_path": str(path)})
+            r = self.worker.call({"score_ids": ids, "logits_path": str(path)})
             return np.load(path), r["seconds"]
         finally:
             path.unlink(missing_ok=True)
 
     def step(self, ids: list[int], context: int) -> float:
         """Seconds of one forward of ids[context:] after the context, logits at every new row."""
-        return self._call({"step_ids": ids, "context": context})["seconds"]
+        return self.worker.call({"step_ids": ids, "context": context})["seconds"]
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()  # EOF: the worker exits its loop
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        self.worker.close()

@@ -4,17 +4,21 @@ A peer gets the chat-templated prompt ids our arms get, greedily decodes `max_to
 ignored) and returns them with the wall time of the whole generate call. Its tokens/s is generated
 tokens / that time, prefill included: what specdec's `RequestStats.tokens_per_second` is
 (generated / submission-to-last-token, specdec/request.py). Peers never become engine dependencies:
-transformers is a test dependency imported here lazily; llama.cpp lives in its own venv, built only
-on request (llama_cpp_peer.py).
+transformers is a test dependency imported here lazily; llama.cpp and OpenVINO GenAI live in their
+own venvs, installed only on request (llama_cpp_peer.py, openvino_peer.py). A peer that fails to
+install, load or run becomes a `FailedPeer` holding a one-line reason: the bench records it, goes on.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-PEERS = ("transformers", "transformers_assisted", "llama.cpp", "llama.cpp_lookup")
+PEERS = ("transformers", "transformers_assisted", "llama.cpp", "llama.cpp_lookup",
+         "openvino", "openvino_spec", "openvino_lookup")
+DRAFTED_PEERS = ("transformers_assisted", "openvino_spec")  # peers that run the draft model too
 TRANSFORMERS_INSTALL = "pip install -e '.[test]'  (or: pip install transformers==5.24.0 accelerate)"
 
 
@@ -53,10 +57,16 @@ class Peer(Protocol):
     def close(self) -> None: ...
 
 
+def _families() -> dict[str, object]:
+    """Peer name prefix -> the module that installs that engine's venv (is_installed, install,
+    install_hint)."""
+    from specdec.bench import llama_cpp_peer, openvino_peer
+    return {"llama.cpp": llama_cpp_peer, "openvino": openvino_peer}
+
+
 def check_peers(names: list[str], install: bool) -> None:
     """Refuse, before any model loads, peers that are unknown or cannot run: transformers missing,
-    or llama.cpp not built and `install` (the --install-peers flag) not given."""
-    from specdec.bench import llama_cpp_peer
+    or llama.cpp / OpenVINO not installed and `install` (the --install-peers flag) not given."""
     unknown = sorted(set(names) - set(PEERS))
     if unknown:
         raise ValueError(f"unknown peers {unknown}; choose from {', '.join(PEERS)}")
@@ -65,32 +75,109 @@ def check_peers(names: list[str], install: bool) -> None:
             import transformers  # noqa: F401
         except ImportError:
             raise ValueError(f"peer transformers needs the transformers package: {TRANSFORMERS_INSTALL}") from None
-    if any(n.startswith("llama.cpp") for n in names) and not install and not llama_cpp_peer.is_installed():
-        raise ValueError(f"peer llama.cpp is not installed (llama-cpp-python=={llama_cpp_peer.VERSION} in "
-                         f"{llama_cpp_peer.venv_dir()}); add --install-peers to build it there from source "
-                         "(about 9 minutes, once)")
+    for family, module in _families().items():
+        if any(n.startswith(family) for n in names) and not install and not module.is_installed():
+            raise ValueError(f"peer {family} is not installed {module.install_hint()}")
+
+
+def failure_reason(error: BaseException) -> str:
+    """One line for the JSON and the table: the first line of the message and, for a longer one
+    (an install step's output tail), its last line."""
+    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()] or [type(error).__name__]
+    reason = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return reason if len(reason) <= 300 else reason[:297] + "..."
+
+
+@dataclass
+class FailedPeer:
+    """A peer that failed to install, load or run: every generate raises its reason, so the bench
+    records it per prompt without retrying a broken engine."""
+    name: str
+    failed: str
+    load_seconds: float | None = None
+    version: str | None = None
+
+    def generate(self, prompt_ids: list[int], max_tokens: int) -> PeerResult:
+        raise PeerError(self.failed)
+
+    def close(self) -> None:
+        pass
 
 
 def make_peers(names: list[str], target_path: Path, draft_path: Path | None, num_threads: int, n_ctx: int,
                k: int, install: bool = False) -> dict[str, Peer]:
-    """Load the named peers (check_peers first). `k`: drafts per step for llama.cpp_lookup, as our
-    arms' -k. Builds llama.cpp first when it is missing and `install` is set."""
-    from specdec.bench import llama_cpp_peer
+    """Load the named peers (check_peers first). `k`: drafts per step for llama.cpp_lookup and the
+    speculative OpenVINO peers, as our arms' -k. Installs llama.cpp / OpenVINO first when missing and
+    `install` is set. A peer whose install or load fails comes back as a FailedPeer."""
     check_peers(names, install)
-    if any(n.startswith("llama.cpp") for n in names) and not llama_cpp_peer.is_installed():
-        llama_cpp_peer.install()
+    drafted = [n for n in names if n in DRAFTED_PEERS]
+    if drafted and draft_path is None:
+        raise ValueError(f"peers {', '.join(drafted)} need a draft model: pass --draft")
+    failed = _install_missing(names)
     peers: dict[str, Peer] = {}
     for name in names:
-        if name == "transformers":
-            peers[name] = TransformersPeer(name, target_path, num_threads)
-        elif name == "transformers_assisted":
-            if draft_path is None:
-                raise ValueError("peer transformers_assisted needs a draft model: pass --draft")
-            peers[name] = TransformersPeer(name, target_path, num_threads, draft_path)
-        else:
-            peers[name] = llama_cpp_peer.LlamaCppPeer(name, target_path, num_threads, n_ctx,
-                                                      lookup=name == "llama.cpp_lookup", num_pred_tokens=k)
+        family = next((f for f in failed if name.startswith(f)), None)
+        if family is not None:
+            peers[name] = FailedPeer(name, failed[family])
+            continue
+        try:
+            peers[name] = _make_peer(name, target_path, draft_path, num_threads, n_ctx, k)
+        except Exception as e:  # noqa: BLE001 - an engine's failure is a result, not the end of the run
+            peers[name] = FailedPeer(name, failure_reason(e))
+            print(f"peer {name} failed to load: {e}", file=sys.stderr)
     return peers
+
+
+def _install_missing(names: list[str]) -> dict[str, str]:
+    """Install each engine asked for and missing; family -> reason for those that failed."""
+    failed = {}
+    for family, module in _families().items():
+        if any(n.startswith(family) for n in names) and not module.is_installed():
+            try:
+                module.install()
+            except Exception as e:  # noqa: BLE001 - recorded per peer, the bench goes on
+                failed[family] = failure_reason(e)
+                print(f"peer {family} failed to install: {e}", file=sys.stderr)
+    return failed
+
+
+def _make_peer(name: str, target_path: Path, draft_path: Path | None, num_threads: int, n_ctx: int, k: int) -> Peer:
+    from specdec.bench import llama_cpp_peer, openvino_peer
+    from specdec.config import SpeculativeConfig
+    if name == "transformers":
+        return TransformersPeer(name, target_path, num_threads)
+    if name == "transformers_assisted":
+        return TransformersPeer(name, target_path, num_threads, draft_path)
+    if name.startswith("openvino"):
+        # prompt lookup's longest n-gram: our ngram arm's default
+        return openvino_peer.OpenVinoPeer(name, target_path, num_threads, draft_path, num_assistant_tokens=k,
+                                          max_ngram_size=SpeculativeConfig.ngram_max)
+    return llama_cpp_peer.LlamaCppPeer(name, target_path, num_threads, n_ctx, lookup=name == "llama.cpp_lookup",
+                                       num_pred_tokens=k)
+
+
+def peer_entry(peer: Peer) -> dict:
+    """A peer's entry in the bench JSON: load time, version, and `failed` for a FailedPeer."""
+    entry = {"load_seconds": peer.load_seconds, "version": getattr(peer, "version", None)}
+    return {**entry, "failed": peer.failed} if isinstance(peer, FailedPeer) else entry
+
+
+def run_peer(peers: dict[str, Peer], name: str, ids: list[int], max_tokens: int) -> PeerResult | str:
+    """One peer run, or its failure's reason. A failed peer is closed and replaced by a FailedPeer
+    for the rest of the run: a broken engine is not retried (nor waited on) prompt after prompt."""
+    try:
+        return peers[name].generate(ids, max_tokens)
+    except Exception as e:  # noqa: BLE001 - an engine's failure is a result, not the end of the run
+        reason = failure_reason(e)
+        peer = peers[name]
+        if not isinstance(peer, FailedPeer):
+            print(f"peer {name} failed: {e}", file=sys.stderr)
+            try:
+                peer.close()
+            except Exception:  # noqa: BLE001 - already failed; the reason above is the one that counts
+                pass
+            peers[name] = FailedPeer(name, reason, peer.load_seconds, getattr(peer, "version", None))
+        return reason
 
 
 def _load_transformers(path: Path):  # pragma: no cover - needs a real GGUF that transformers reads

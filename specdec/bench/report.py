@@ -6,7 +6,7 @@
 
 in README.md and the docs/ files named in DOCS: VIEW says how to draw the table
 (`spec`, `spec-wide`, `precision`, `serve`, `soak`, `structured`, `replicas`, `affinity`, `steps`,
-`row-invariance`; `history` and `index` take
+`row-invariance`, `kld`, `matmul`, `peers`; `history` and `index` take
 no STEM), STEM names the results file (`docs/results/STEM.json`). Each table opens with a caption
 giving the run's date and machine (from SOURCES below) and the command that reproduces the run,
 rebuilt from the configuration its JSON records. Files are written atomically (a temporary file in
@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "docs/performance.md", "docs/results/README.md", "docs/architecture.md",
-        "docs/scale-out.md")
+        "docs/scale-out.md", "docs/cpu-kernels.md")
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # `specdec bench --model`'s default
 START, END = "<!-- generated:", "<!-- end generated -->"
 
@@ -91,6 +91,18 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                                                 "answers, beside llama.cpp"),
     "bench-threads-xeon": ("2026-12-02", "xeon", "thread counts of each kernel, quiet and beside a busy process "
                            "(AVX-512 VNNI)"),
+    "kld-exact-xeon": ("2026-12-02", "xeon", "each mode against float32 with int4-a8's offsets on the rounded "
+                       "activations; the second half of each chunk scored, as llama.cpp does"),
+    "bench-peers-xeon": ("2026-12-02", "xeon", "int4-a8 (auto) beside llama.cpp and OpenVINO GenAI, their "
+                         "speculation included, on three sets"),
+    "bench-peers-code-gen-192-xeon": ("2026-12-02", "xeon", "192-token code answers: the draft model and suffix "
+                                      "beside llama.cpp, its lookup and OpenVINO's draft-model speculation"),
+    "bench-peers-code-edit-256-xeon": ("2026-12-02", "xeon", "256-token code edits: suffix and n-gram beside "
+                                       "llama.cpp, its lookup and OpenVINO's prompt lookup"),
+    "bench-steps-a8-xeon": ("2026-12-02", "xeon", "forward cost by new rows, the real file: int4-a8 with exact "
+                            "offsets, int4-a16 and llama.cpp"),
+    "bench-matmul-xeon": ("2026-12-02", "xeon", "each matrix product's error under int8 activations, offsets on "
+                          "the unrounded against the rounded activations"),
 }
 ARM_LABELS = {
     "plain": "plain", "draft_fixed": "draft, fixed k", "draft_cost_model": "draft, cost model",
@@ -226,14 +238,22 @@ def steps_command(data: dict) -> str:
 
 def kld_command(data: dict) -> str:
     extra = f" --max-tokens {data['max_tokens']}" if data.get("max_tokens") else ""
+    first = f" --first {data['first']}" if "first" in data else ""
     return (f"specdec kld --model {data['model']} --modes {','.join(data['modes_scored'])} --ctx {data['ctx']}"
-            f"{extra} --decode-tokens {data['decode_tokens']} --repeats {data['repeats']}")
+            f"{first}{extra} --decode-tokens {data['decode_tokens']} --repeats {data['repeats']}")
+
+
+def matmul_command(data: dict) -> str:
+    return (f"specdec bench matmul --model {data['model']} --kind {data['kind']} "
+            f"--context {data['rows'] + data['first'] + 1} --first {data['first']}")
 
 
 def command(data: dict) -> str:
     """The command line that reproduces the run, rebuilt from the configuration its JSON records."""
     if data.get("mode") == "kld":
         return kld_command(data)
+    if data.get("mode") == "matmul":
+        return matmul_command(data)
     if "best_threads" in data:
         return (f"specdec bench threads --shape {data['shape'][0]}x{data['shape'][1]} -k {data['rows'][-1] - 1} "
                 f"--repeats {data['repeats']} --calls {data['calls']}")
@@ -262,6 +282,9 @@ def spec_rows(data: dict) -> list[list[str]]:
     for s, arms in data["summary"].items():
         for arm, e in arms.items():
             own = arm not in peers
+            if "tokens_per_second" not in e:  # a peer that failed to install, load or run
+                rows.append([s, label(arm, k) + " (peer)", "failed", "—", "—", "—", "—", "—", "—"])
+                continue
             same = e.get("identical_to_plain")
             rows.append([s, label(arm, k) + ("" if own else " (peer)"), num(e["tokens_per_second"]["median"]),
                          "—" if arm == "plain" else ratio(e.get("speedup")),
@@ -280,6 +303,8 @@ def view_spec(data: dict) -> str:
 
 
 def wide_cell(e: dict, arm: str, own: bool) -> str:
+    if "tokens_per_second" not in e:  # a peer that failed to install, load or run
+        return "failed"
     decode = e.get("decode_tokens_per_second")
     if arm == "plain" or not own:
         rate = num(e["tokens_per_second"]["median"])
@@ -300,12 +325,55 @@ def view_spec_wide(data: dict) -> str:
         row = [s] + [wide_cell(entries[a], a, a not in peers) for a in arms]
         for p in peers:
             ours, theirs = entries["plain"], entries[p]
+            if "tokens_per_second" not in theirs:
+                row.append("—")
+                continue
             dec = (ours.get("decode_tokens_per_second") or {}).get("median")
             peer_dec = (theirs.get("decode_tokens_per_second") or {}).get("median")
             whole = ours["tokens_per_second"]["median"] / theirs["tokens_per_second"]["median"]
             row.append(f"{whole:.2f}" + (f" ({dec / peer_dec:.2f})" if dec and peer_dec else ""))
         rows.append(row)
     return table(header, rows)
+
+
+PLAIN_PEERS = ("llama.cpp", "openvino", "transformers")  # the peers that decode without speculation
+
+
+def paired(data: dict, s: str, ours: str, theirs: str, rate: str = "tokens_per_second") -> dict | None:
+    """{median, min, max} of ours / theirs over the runs of set s, paired by prompt and repeat."""
+    runs = {(r["arm"], r["prompt"], r["repeat"]): r.get(rate) for r in data["runs"] if r["set"] == s}
+    ratios = sorted(v / runs[(theirs, p, rep)] for (arm, p, rep), v in runs.items()
+                    if arm == ours and v and runs.get((theirs, p, rep)))
+    if not ratios:
+        return None
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return {"median": median, "min": ratios[0], "max": ratios[-1]}
+
+
+def view_peers(data: dict) -> str:
+    """Per set: our plain decoding against the fastest peer's, and our best arm against the best peer
+    arm (their speculation included); ratios paired per run, median [min–max]."""
+    peers, k = list(data.get("peers") or {}), data.get("k")
+    rows = []
+    for s, entries in data["summary"].items():
+        med = lambda a: entries[a]["tokens_per_second"]["median"]  # noqa: E731
+        ok = [p for p in peers if "tokens_per_second" in entries[p]]
+        own = max((a for a in entries if a not in peers), key=med)
+        plain_peer = max((p for p in ok if p in PLAIN_PEERS), key=med, default=None)
+        best_peer = max(ok, key=med, default=None)
+        if plain_peer is None or best_peer is None:
+            rows.append([s, num(med("plain")), f"{label(own, k)}: {num(med(own))}", "—", "—", "—", "—", "—"])
+            continue
+        rows.append([s, num(med("plain")), f"{label(own, k)}: {num(med(own))}",
+                     f"{plain_peer}: {num(med(plain_peer))}", f"{best_peer}: {num(med(best_peer))}",
+                     ratio(paired(data, s, "plain", plain_peer)),
+                     ratio(paired(data, s, "plain", plain_peer, "decode_tokens_per_second")),
+                     ratio(paired(data, s, own, best_peer))])
+    failed = [f"{p} ({data['peers'][p]['failed']})" for p in peers if (data["peers"][p] or {}).get("failed")]
+    note = f"\n\nFailed: {'; '.join(failed)}." if failed else ""
+    return table(["set", "plain tok/s", "best arm tok/s", "fastest plain peer", "best peer arm",
+                  "plain / that peer", "decode only", "best arm / best peer arm"], rows, right_from=1) + note
 
 
 def view_precision(data: dict) -> str:
@@ -378,20 +446,37 @@ def spread(s: dict, digits: int = 2, suffix: str = "") -> str:
 
 
 def view_kld(data: dict) -> str:
-    """Every mode and llama.cpp against float32 on the same tokens (llama.cpp's KL-divergence statistics)."""
+    """Every mode and llama.cpp against float32 on the same tokens (llama.cpp's KL-divergence statistics):
+    the scored rows (from `first` on), and every row's mean KLD and same-top-1 beside them."""
     rows = []
     for m, d in data["modes"].items():
-        s, tps = d["all"], d.get("decode_tok_s")
+        s, e, tps = d["all"], d.get("all_positions"), d.get("decode_tok_s")
         rows.append([m, f"{s['mean_kld']:.5f}", f"{s['p99_kld']:.4f}", f"{100 * s['same_top1']:.2f} %",
-                     f"{100 * s['rms_dp']:.2f} %", f"{s['ppl_ratio']:.4f}", num(tps),
-                     num(d.get("prompt_tok_s"), 1)])
+                     f"{100 * s['rms_dp']:.2f} %", f"{s['ppl_ratio']:.4f}",
+                     f"{e['mean_kld']:.5f}" if e else "—", f"{100 * e['same_top1']:.2f} %" if e else "—",
+                     num(tps), num(d.get("prompt_tok_s"), 1)])
     crit = data.get("criterion")
-    note = (f"\n\n{data['tokens']} tokens ({', '.join(f'{k} {n}' for k, n in data['kinds'].items())}); "
-            f"float32 decodes at {num(data['float32']['decode_tok_s'])} tok/s."
+    first = data.get("first", 0)
+    note = (f"\n\nScored: rows {first} to {data['ctx'] - 2} of each {data['ctx']}-token chunk, {data['tokens']} "
+            f"tokens ({', '.join(f'{k} {n}' for k, n in data['kinds'].items())})"
+            + (f"; every row: {data['tokens_all_positions']} tokens" if "tokens_all_positions" in data else "")
+            + f". float32 decodes at {num(data['float32']['decode_tok_s'])} tok/s."
             + (f" Within the margins of llama.cpp: {', '.join(crit['meets'])}; `auto` picks **{crit['auto']}**."
                if crit else ""))
-    return table(["mode", "mean KLD", "p99 KLD", "same top-1", "RMS Δp", "PPL ratio", "decode tok/s",
-                  "scoring tok/s"], rows) + note
+    return table(["mode", "mean KLD", "p99 KLD", "same top-1", "RMS Δp", "PPL ratio", "mean KLD, every row",
+                  "same top-1, every row", "decode tok/s", "scoring tok/s"], rows) + note
+
+
+def view_matmul(data: dict) -> str:
+    """Per tensor and block type: each matrix product's relative error against float64 W x under int8
+    activations, with the offsets on the unrounded and on the rounded activations (medians over layers)."""
+    rows = [[s["part"], s["qtype"], str(s["layers"]), f"{s['unrounded']:.2e}", f"{s['exact']:.2e}",
+             f"{s['ratio_median']:.2f}× ({s['ratio_min']:.2f}–{s['ratio_max']:.2f})"] for s in data["summary"]]
+    worst = max(s["kernel_vs_exact_max"] for s in data["summary"])
+    return (table(["tensor", "block type", "layers", "offsets on unrounded x", "exact: w · x_rounded",
+                   "ratio, median (min–max)"], rows, right_from=2)
+            + f"\n\n{data['rows']} rows of a `{data['kind']}` chunk from row {data['first']} on; the kernel's "
+              f"own output is within {worst:.1e} (relative) of the exact form's float64 value.")
 
 
 def view_replicas(data: dict) -> str:
@@ -512,7 +597,7 @@ def view_lines(root: Path, doc: Path) -> str:
 TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view_precision,
                "serve": view_serve, "soak": view_soak, "structured": view_structured, "steps": view_steps,
                "replicas": view_replicas, "affinity": view_affinity, "row-invariance": view_row_invariance,
-               "kld": view_kld}
+               "kld": view_kld, "matmul": view_matmul, "peers": view_peers}
 DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
 
 

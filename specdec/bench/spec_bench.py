@@ -5,9 +5,11 @@ whole sweep repeats, so a noisy machine hits all arms alike. Reports per set and
 tokens/s with min-max, the median per-prompt speedup over plain, acceptance and mean accepted
 length; checks that greedy speculative output equals plain output; writes JSON and a PNG plot.
 Each run logs the load average and the cores other processes took meanwhile (flagged `noisy`
-above half a core). Optional peers (transformers, llama.cpp: peers.py) run in the same loop on the
-same prompt ids and land in the same rows; the measured memory-bandwidth ceiling (bandwidth.py)
-goes into the JSON and onto the plot.
+above half a core). Optional peers (transformers, llama.cpp, OpenVINO: peers.py) run in the same
+loop on the same prompt ids and land in the same rows; a peer that fails to install, load or run is
+recorded as failed (`"failed": reason` in its rows, summary and peers entry, "failed" in the table)
+and the run goes on. The measured memory-bandwidth ceiling (bandwidth.py) goes into the JSON and
+onto the plot.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from specdec.bench.bandwidth import ceiling, measure_read_bandwidth
 from specdec.contention import Contention
-from specdec.bench.peers import check_peers, make_peers
+from specdec.bench.peers import DRAFTED_PEERS, check_peers, make_peers, peer_entry, run_peer
 from specdec.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from specdec.fileio import atomic_write_text
 from specdec.prompts import read_set
@@ -84,8 +86,10 @@ def run_spec_bench(a) -> dict:
     load_seconds = time.perf_counter() - t0
     draft_name = a.draft or default_draft(target.name)
     needs_draft = any(_needs_draft(x) for x in arms)
-    if (needs_draft or "transformers_assisted" in peer_names) and not draft_name:
-        raise ValueError(f"{a.model} has no default draft: pass --draft or drop the draft arms and transformers_assisted")
+    drafted_peers = [p for p in peer_names if p in DRAFTED_PEERS]
+    if (needs_draft or drafted_peers) and not draft_name:
+        raise ValueError(f"{a.model} has no default draft: pass --draft or drop the draft arms and "
+                         f"{', '.join(DRAFTED_PEERS)}")
     draft = load_model(draft_name, draft_precision, a.device) if needs_draft else None
     llms = {name: _arm_llm(name, a, target, draft) for name in arms}
     tok = target.tokenizer
@@ -96,7 +100,7 @@ def run_spec_bench(a) -> dict:
     roof = ceiling(measure_read_bandwidth(num_threads=num_threads), target.weights, target.config.tie_embeddings,
                    target.path)
     n_ctx = max(len(ids) for v in prompts.values() for ids in v) + a.max_tokens + a.k + 64
-    draft_path = resolve(draft_name)[1] if "transformers_assisted" in peer_names else None
+    draft_path = resolve(draft_name)[1] if drafted_peers else None
     peers = make_peers(peer_names, target.path, draft_path, num_threads, n_ctx, a.k, a.install_peers)
     names = arms + peer_names
     try:
@@ -110,12 +114,11 @@ def run_spec_bench(a) -> dict:
               "device": a.device, "k": a.k, "max_tokens": a.max_tokens, "until_eos": a.until_eos,
               "repeats": a.repeats,
               "num_prompts_per_set": a.num_prompts, "load_seconds": load_seconds, "threads": num_threads,
-              "peers": {n: {"load_seconds": p.load_seconds, "version": getattr(p, "version", None)}
-                        for n, p in peers.items()},
+              "peers": {n: peer_entry(p) for n, p in peers.items()},
               "bandwidth_gb_s": roof["bandwidth_gb_s"], "ceiling_tokens_per_second": roof["ceiling_tokens_per_second"],
               "ceiling": roof,
               "session": SESSION, "measured_costs": _measured_costs(llms),
-              "noisy_runs": sum(r["noisy"] for r in runs), "summary": summary, "runs": runs}
+              "noisy_runs": sum(r.get("noisy", False) for r in runs), "summary": summary, "runs": runs}
     atomic_write_text(Path(a.out), json.dumps(report, indent=1))
     if a.plot:
         drafted = f", draft {draft.precision}" if draft and draft.precision != precision else ""
@@ -158,52 +161,70 @@ def _sweep(a, names: list[str], llms: dict, peers: dict, prompts: dict[str, list
             for i, ids in enumerate(set_prompts):
                 outs = {}
                 for arm in names:
-                    pid = getattr(peers.get(arm), "pid", None)  # a worker process: its CPU is ours
-                    with Contention(helper_pids=(pid,) if pid else ()) as busy:
-                        if arm in peers:
-                            st = peers[arm].generate(ids, a.max_tokens)
-                            outs[arm], accept, accepted_len = st.token_ids, None, None
-                        else:
-                            out = llms[arm].generate([ids], params)[0]
-                            st = out.stats
-                            outs[arm], accept, accepted_len = out.token_ids, st.acceptance_rate, st.mean_accepted_length
-                    runs.append({"set": s, "prompt": i, "repeat": rep, "arm": arm, "peer": arm in peers,
-                                 "load_average": busy.load_average,
-                                 "competing_cores": busy.cores, "noisy": busy.noisy, "tokens_per_second": st.tokens_per_second,
-                                 "decode_tokens_per_second": st.decode_tokens_per_second,
-                                 "generated_tokens": st.generated_tokens, "seconds": st.seconds,
-                                 "ttft_seconds": st.ttft_seconds,
-                                 "acceptance_rate": accept, "mean_accepted_length": accepted_len,
+                    row, outs[arm] = _one_run(arm, llms, peers, ids, params, a.max_tokens)
+                    runs.append({"set": s, "prompt": i, "repeat": rep, "arm": arm, "peer": arm in peers, **row,
                                  "identical_to_plain": None})
                     bar.update(1)
                 if "plain" in outs:  # for peers informative only: llama.cpp rounds its own way
                     for r in runs[-len(names):]:
-                        r["identical_to_plain"] = outs[r["arm"]] == outs["plain"]
+                        if "failed" not in r:
+                            r["identical_to_plain"] = outs[r["arm"]] == outs["plain"]
     bar.close()
     return runs
 
 
+def _one_run(arm: str, llms: dict, peers: dict, ids: list[int], params: SamplingParams,
+             max_tokens: int) -> tuple[dict, list[int] | None]:
+    """One arm or peer on one prompt: its row's figures (a failed peer run: only `failed`) and tokens."""
+    pid = getattr(peers.get(arm), "pid", None)  # a worker process: its CPU is ours
+    with Contention(helper_pids=(pid,) if pid else ()) as busy:
+        if arm in peers:
+            st = run_peer(peers, arm, ids, max_tokens)
+            if isinstance(st, str):
+                return {"failed": st}, None
+            token_ids, accept, accepted_len = st.token_ids, None, None
+        else:
+            out = llms[arm].generate([ids], params)[0]
+            st = out.stats
+            token_ids, accept, accepted_len = out.token_ids, st.acceptance_rate, st.mean_accepted_length
+    return {"load_average": busy.load_average, "competing_cores": busy.cores, "noisy": busy.noisy,
+            "tokens_per_second": st.tokens_per_second, "decode_tokens_per_second": st.decode_tokens_per_second,
+            "generated_tokens": st.generated_tokens, "seconds": st.seconds, "ttft_seconds": st.ttft_seconds,
+            "acceptance_rate": accept, "mean_accepted_length": accepted_len}, token_ids
+
+
 def _summarize(runs: list[dict], sets: list[str], arms: list[str]) -> dict:
+    """Per set and arm the spreads over its runs; a peer's failed runs leave out their figures and
+    add `failed` (the reason; "N of M runs: reason" when some runs succeeded)."""
     out: dict = {}
     for s in sets:
         for arm in arms:
             rows = [r for r in runs if r["set"] == s and r["arm"] == arm]
-            entry = {}
-            # whole request (prefill included), and decode only (after the first token): a long prompt
-            # (code_edit) is mostly prefill, which speculation cannot speed up
-            for rate, speedup in (("tokens_per_second", "speedup"), ("decode_tokens_per_second", "decode_speedup")):
-                entry[rate] = _spread([r[rate] for r in rows])
-                if "plain" in arms:
-                    plain = {(r["prompt"], r["repeat"]): r[rate] for r in runs if r["set"] == s and r["arm"] == "plain"}
-                    entry[speedup] = _spread([r[rate] / plain[(r["prompt"], r["repeat"])] for r in rows])
-            if "plain" in arms:
-                entry["identical_to_plain"] = all(r["identical_to_plain"] for r in rows)
-            acc = [r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None]
-            entry["acceptance_rate"] = statistics.mean(acc) if acc else None
-            lens = [r["mean_accepted_length"] for r in rows if r["mean_accepted_length"] is not None]
-            entry["mean_accepted_length"] = statistics.mean(lens) if lens else None  # None: a peer
+            ok = [r for r in rows if "failed" not in r]
+            entry = _entry(runs, s, ok, "plain" in arms) if ok else {}
+            failed = [r["failed"] for r in rows if "failed" in r]
+            if failed:
+                entry["failed"] = f"{len(failed)} of {len(rows)} runs: {failed[0]}" if ok else failed[0]
             out.setdefault(s, {})[arm] = entry
     return out
+
+
+def _entry(runs: list[dict], s: str, rows: list[dict], with_plain: bool) -> dict:
+    entry = {}
+    # whole request (prefill included), and decode only (after the first token): a long prompt
+    # (code_edit) is mostly prefill, which speculation cannot speed up
+    for rate, speedup in (("tokens_per_second", "speedup"), ("decode_tokens_per_second", "decode_speedup")):
+        entry[rate] = _spread([r[rate] for r in rows])
+        if with_plain:
+            plain = {(r["prompt"], r["repeat"]): r[rate] for r in runs if r["set"] == s and r["arm"] == "plain"}
+            entry[speedup] = _spread([r[rate] / plain[(r["prompt"], r["repeat"])] for r in rows])
+    if with_plain:
+        entry["identical_to_plain"] = all(r["identical_to_plain"] for r in rows)
+    acc = [r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None]
+    entry["acceptance_rate"] = statistics.mean(acc) if acc else None
+    lens = [r["mean_accepted_length"] for r in rows if r["mean_accepted_length"] is not None]
+    entry["mean_accepted_length"] = statistics.mean(lens) if lens else None  # None: a peer
+    return entry
 
 
 def _spread(values: list[float]) -> dict:
@@ -216,6 +237,9 @@ def _print_table(summary: dict, sets: list[str], arms: list[str]) -> None:
     for s in sets:
         for arm in arms:
             e = summary[s][arm]
+            if "tokens_per_second" not in e:
+                print(f"{s:10} {arm:21} failed: {e['failed']}", file=sys.stderr)
+                continue
             t = e["tokens_per_second"]
             sp = e.get("speedup", {}).get("median", float("nan"))
             dsp = e.get("decode_speedup", {}).get("median", float("nan"))
@@ -223,7 +247,8 @@ def _print_table(summary: dict, sets: list[str], arms: list[str]) -> None:
             tpf = "-" if e["mean_accepted_length"] is None else f"{e['mean_accepted_length']:.2f}"
             print(f"{s:10} {arm:21} {t['median']:8.2f} [{t['min']:.2f}-{t['max']:.2f}]{'':4} {sp:8.2f} "
                   f"{e['decode_tokens_per_second']['median']:13.2f} {dsp:8.2f} {acc:>7} "
-                  f"{tpf:>7} {e.get('identical_to_plain')}", file=sys.stderr)
+                  f"{tpf:>7} {e.get('identical_to_plain')}" + (f"  failed {e['failed']}" if "failed" in e else ""),
+                  file=sys.stderr)
 
 
 def plot(summary: dict, sets: list[str], arms: list[str], path: Path, title: str, roof: dict | None = None) -> None:
@@ -235,10 +260,14 @@ def plot(summary: dict, sets: list[str], arms: list[str], path: Path, title: str
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(sets)) + 2, 4))  # + the legend, outside the bars
     width = 0.8 / len(arms)
     for j, arm in enumerate(arms):
-        med = [summary[s][arm]["tokens_per_second"]["median"] for s in sets]
-        lo = [m - summary[s][arm]["tokens_per_second"]["min"] for s, m in zip(sets, med)]
-        hi = [summary[s][arm]["tokens_per_second"]["max"] - m for s, m in zip(sets, med)]
-        ax.bar([i + j * width for i in range(len(sets))], med, width, yerr=[lo, hi], capsize=3, label=arm)
+        # a failed peer: an empty bar, named so in the legend
+        spread = [summary[s][arm].get("tokens_per_second", {"median": 0.0, "min": 0.0, "max": 0.0}) for s in sets]
+        med = [x["median"] for x in spread]
+        lo = [x["median"] - x["min"] for x in spread]
+        hi = [x["max"] - x["median"] for x in spread]
+        failed = any("failed" in summary[s][arm] for s in sets)
+        ax.bar([i + j * width for i in range(len(sets))], med, width, yerr=[lo, hi], capsize=3,
+               label=f"{arm} (failed)" if failed else arm)
     if roof is not None:
         top = roof["ceiling_tokens_per_second"]
         ax.axhline(top, color="k", linestyle="--", linewidth=1)

@@ -1,4 +1,4 @@
-"""`specdec bench [spec|decode|serve|soak|structured|replicas|affinity|precision|threads|steps]`: one parser for every benchmark mode;
+"""`specdec bench [spec|decode|serve|soak|structured|replicas|affinity|precision|threads|steps|matmul]`: one parser for every benchmark mode;
 each mode's runner lives in specdec/bench/ and reads the flags it needs."""
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from specdec.commands.args import DRAFT_PRECISION_HELP, add_model_args
 from specdec.config import PRECISIONS, SPEC_POLICIES
 from specdec.prompts import SETS, set_path
 
-MODES = ("spec", "decode", "serve", "soak", "structured", "replicas", "affinity", "precision", "threads", "steps")
-_OUTPUTS = {"precision": "bench-precision", "threads": "bench-threads", "steps": "bench-steps",
+MODES = ("spec", "decode", "serve", "soak", "structured", "replicas", "affinity", "precision", "threads", "steps",
+         "matmul")
+_OUTPUTS = {"precision": "bench-precision", "threads": "bench-threads", "steps": "bench-steps", "matmul": "bench-matmul",
             "serve": "bench-serve", "soak": "bench-soak", "structured": "bench-structured",
             "replicas": "bench-replicas", "affinity": "bench-affinity"}  # default --out / --plot stems; the others write bench.json / bench.png
 _ARMS = {"serve": "plain,draft", "spec": "plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid",
@@ -26,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "process against engine replicas on Ray (replicas), prefix-affinity against "
                                      "random routing of multi-turn chats (affinity), precision modes "
                                      "against float32 (precision), thread counts under competition (threads), "
-                                     "forward cost by row count on random weights, any device (steps)")
+                                     "forward cost by row count on random weights, any device (steps), each "
+                                     "matrix product's error under int8 activations on the real target (matmul)")
     b.add_argument("mode", nargs="?", choices=MODES, default="spec")
     add_model_args(b)
     b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
@@ -60,7 +62,11 @@ def _add_mode_args(b: argparse.ArgumentParser) -> None:
                    help="steps: the models timed (random weights of their shapes, but for int4 modes), "
                         "the draft first, the target last")
     b.add_argument("--rows", default="1,2,3,5,8,16,64,256", help="steps: new rows per forward")
-    b.add_argument("--context", type=int, default=512, help="steps: tokens already in the cache")
+    b.add_argument("--context", type=int, default=512, help="steps: tokens already in the cache; matmul: "
+                                                            "tokens of the corpus chunk")
+    b.add_argument("--kind", default="code", help="matmul: the `specdec kld` corpus kind the activations come from")
+    b.add_argument("--first", type=int, default=16, help="matmul: the first row measured (the first rows' "
+                                                         "massive activations are a case of their own)")
     b.add_argument("--rates", default="0.05,0.1,0.2", help="serve: Poisson arrival rates (requests/s)")
     b.add_argument("--num-requests", type=int, default=8, help="serve: requests per rate; replicas: in all")
     b.add_argument("--max-prompt-tokens", type=int, default=256, help="serve: prompts are cut to this")
@@ -89,10 +95,13 @@ def _add_mode_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--peers", default="",
                    help="spec: other engines run interleaved with the arms on the same prompt ids and GGUF: "
                         "transformers, transformers_assisted (float32; the test extra), llama.cpp, "
-                        "llama.cpp_lookup (prompt lookup); comma list, default none")
+                        "llama.cpp_lookup (prompt lookup), openvino, openvino_spec (its speculative decoding "
+                        "with the draft model), openvino_lookup (prompt lookup); comma list, default none. "
+                        "A peer that fails to install, load or run is recorded as failed")
     b.add_argument("--install-peers", action="store_true",
-                   help="spec: build llama-cpp-python from source into $SPECDEC_HOME/peers/llama-cpp "
-                        "if a llama.cpp peer is asked for and missing (about 9 minutes, once)")
+                   help="spec: install a peer engine asked for and missing: build llama-cpp-python from "
+                        "source into $SPECDEC_HOME/peers/llama-cpp (about 9 minutes, once); pip-install "
+                        "openvino-genai into $SPECDEC_HOME/peers/openvino (binary wheels, once)")
 
 
 def _with_mode_defaults(a: argparse.Namespace) -> argparse.Namespace:
@@ -123,6 +132,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
     elif a.mode == "steps":
         from specdec.bench.steps import run_steps_bench
         run_steps_bench(a)
+    elif a.mode == "matmul":
+        from specdec.bench.matmul_error import cmd_matmul
+        cmd_matmul(a)
     elif a.mode == "soak":
         from specdec.bench.soak import run_soak_bench
         if a.clients < 1 or a.minutes <= 0 or a.max_requests < 0 or a.warmup_minutes < 0:

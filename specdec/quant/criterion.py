@@ -35,6 +35,7 @@ class Measurement:
     anchor: ModeScore               # llama.cpp on the same file
     modes: dict[str, ModeScore] = field(default_factory=dict)
     machine: str = ""
+    first: int = 0                  # each chunk's first scored row (`specdec kld --first`)
 
     def meets(self, mode: str) -> bool:
         s = self.modes[mode]
@@ -52,7 +53,8 @@ class Measurement:
     def from_json(cls, text: str) -> Measurement:
         d = json.loads(text)
         return cls(model=d["model"], file_bytes=d["file_bytes"], anchor=ModeScore(**d["anchor"]),
-                   modes={m: ModeScore(**s) for m, s in d["modes"].items()}, machine=d.get("machine", ""))
+                   modes={m: ModeScore(**s) for m, s in d["modes"].items()}, machine=d.get("machine", ""),
+                   first=d.get("first", 0))
 
 
 def saved_path(stem: str) -> Path:
@@ -81,6 +83,7 @@ def auto_choice(identity: tuple[str, int] | None) -> tuple[str, str] | None:
     if mode is None:
         return None
     s, a = m.modes[mode], m.anchor
-    return mode, (f"the fastest mode no further from float32 than llama.cpp on `specdec kld`'s corpus: mean KLD "
+    return mode, (f"the fastest mode no further from float32 than llama.cpp on `specdec kld`'s corpus, rows from "
+                  f"{m.first} of each chunk: mean KLD "
                   f"{s.mean_kld:.4f} vs {a.mean_kld:.4f}, same top-1 {100 * s.same_top1:.1f} % vs "
                   f"{100 * a.same_top1:.1f} %{f' ({m.machine})' if m.machine else ''}")

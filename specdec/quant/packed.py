@@ -189,18 +189,34 @@ def _warn_fallback() -> None:
 def quantize_act(x: torch.Tensor, block: int = 32, bits: int = 8) -> torch.Tensor:
     """x rounded the way the integer kernels round it: per `block` values, scale = max|x| / 127
     (int8) or / 32767 (int16)."""
+    q, d = quantize_act_codes(x, block, bits)
+    return (q * d).view_as(x)
+
+
+def quantize_act_codes(x: torch.Tensor, block: int, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's integer codes [rows, k // block, block] (as float32) and scales [rows, k // block, 1]."""
     xb = x.view(x.shape[0], -1, block)
     d = xb.abs().amax(-1, keepdim=True) / (2 ** (bits - 1) - 1)
-    q = torch.round(xb * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
-    return (q * d).view_as(x)
+    return torch.round(xb * torch.where(d > 0, 1 / d, torch.zeros_like(d))), d
+
+
+def offset_sums(x: torch.Tensor, group: int, act: int, block: int) -> torch.Tensor:
+    """[rows, k // group] the sums of x the offsets multiply, as the kernel computes them: under int8
+    activations the rounded x's (scale times an exact integer sum, so a product is exactly
+    w . x_rounded), otherwise the unrounded x's."""
+    if act != 8:
+        return x.view(x.shape[0], -1, group).sum(-1)
+    q, d = quantize_act_codes(x, block, 8)
+    return (q.view(x.shape[0], -1, block // group, group).sum(-1) * d).view(x.shape[0], -1)
 
 
 def _reference(x: torch.Tensor, p: QuantTensor, act: int = 0) -> torch.Tensor:
     """The pure-PyTorch fallback: same formula as the kernel, sum(q * x) * scale per group plus the
-    offsets times per-group sums of x, one row at a time (so it is batch-invariant too)."""
-    xsum = x.view(x.shape[0], -1, p.group).sum(-1)  # the offsets see the unrounded x, as in the kernel
+    offsets times per-group sums of x (`offset_sums`), one row at a time (so it is batch-invariant too)."""
+    act_block = 256 if act == 16 else p.act8_block
+    xsum = offset_sums(x, p.group, act, act_block) if p.offset is not None else None
     if act:
-        x = quantize_act(x, 256 if act == 16 else p.act8_block, act)
+        x = quantize_act(x, act_block, act)
     groups = p.cols // p.group
     out = torch.empty(x.shape[0], p.rows, dtype=torch.float32)
     block = 4096  # output features per chunk: bounds the dequantized working set

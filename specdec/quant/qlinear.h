@@ -276,8 +276,13 @@ inline int x_position(int i, XOrder order) {
 }
 
 // x rounded to int8 per `block` values: x ~= dx[r, b] * xq[r, b, :], dx = max|x| / 127 (round to nearest),
-// stored in `order`.
-void quantize_rows(const float* x, int64_t rows, int64_t k, int block, XOrder order, int8_t* xq, float* dx) {
+// stored in `order`. With xsum ([rows, k / G]), also each group's sum of the rounded values, dx times an
+// exact integer sum: the offsets (Q4_K's -dmin * m, Q4_0's -8d) then multiply the same x as the codes, so a
+// product is w . x_rounded (llama.cpp's bsums). With the unrounded sums instead, the rounding error was
+// weighted by the unsigned codes s * q, several times the centred weights (docs/cpu-kernels.md).
+template <int G>
+void quantize_rows(const float* x, int64_t rows, int64_t k, int block, XOrder order, int8_t* xq, float* dx,
+                   float* xsum) {
     const int64_t blocks = k / block;
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t b = 0; b < blocks; ++b) {
@@ -287,7 +292,15 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int block, XOrder or
             for (int i = 0; i < block; ++i) amax = amax > __builtin_fabsf(xb[i]) ? amax : __builtin_fabsf(xb[i]);
             const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
             dx[r * blocks + b] = d;
-            for (int i = 0; i < block; ++i) qb[x_position(i, order)] = (int8_t)__builtin_nearbyintf(xb[i] * id);
+            for (int g = 0; g < block / G; ++g) {
+                int32_t isum = 0;
+                for (int i = g * G; i < (g + 1) * G; ++i) {
+                    const int8_t q = (int8_t)__builtin_nearbyintf(xb[i] * id);
+                    qb[x_position(i, order)] = q;
+                    isum += q;
+                }
+                if (xsum) xsum[(r * k + b * block) / G + g] = d * (float)isum;
+            }
         }
 }
 
@@ -297,11 +310,11 @@ void run_a8(const float* x, int64_t rows, int64_t k, const void* codes, const fl
     const int64_t blocks = k / 32, groups = k / G;
     const std::unique_ptr<int8_t[]> xq_buf = buffer<int8_t>(rows * k);
     const std::unique_ptr<float[]> sx_buf = buffer<float>(rows * blocks);
-    const std::unique_ptr<float[]> sums = offset ? group_sums<G>(x, rows, k) : nullptr;
+    const std::unique_ptr<float[]> sums = offset ? buffer<float>(rows * groups) : nullptr;
     int8_t* xq = xq_buf.get();
     float* sx = sx_buf.get();
     const float* xsum = sums.get();
-    quantize_rows(x, rows, k, 32, XOrder::ELEMENT, xq, sx);
+    quantize_rows<G>(x, rows, k, 32, XOrder::ELEMENT, xq, sx, sums.get());
     for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
                               const void* c, const float* s, const float* o) {
         tile_a8<BITS, G, decltype(mt)::value>(xq + r * k, sx + r * blocks, k, xsum ? xsum + r * groups : nullptr,
@@ -560,11 +573,15 @@ void run_super(const float* x, int64_t rows, int64_t k, const void* codes, const
     const int64_t supers = k / 256, groups = k / G;
     const std::unique_ptr<XQ[]> xq_buf = buffer<XQ>(rows * k);
     const std::unique_ptr<float[]> dx_buf = buffer<float>(rows * supers);
-    const std::unique_ptr<float[]> sums = offset ? group_sums<G>(x, rows, k) : nullptr;
+    // int4-a8: the offsets see the rounded x (quantize_rows); int4-a16's rounding is 256 times finer and
+    // its offsets see the unrounded x
+    std::unique_ptr<float[]> sums = nullptr;
+    if (offset) sums = ACT == 8 ? buffer<float>(rows * groups) : group_sums<G>(x, rows, k);
     XQ* xq = xq_buf.get();
     float* dx = dx_buf.get();
     const float* xsum = sums.get();
-    if constexpr (ACT == 8) quantize_rows(x, rows, k, 256, BITS == 4 ? SUPER_X4 : XOrder::ELEMENT, xq, dx);
+    if constexpr (ACT == 8)
+        quantize_rows<G>(x, rows, k, 256, BITS == 4 ? SUPER_X4 : XOrder::ELEMENT, xq, dx, sums.get());
     else quantize_rows16(x, rows, k, xq, dx);
     for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
                               const void* c, const float*, const float* o) {
