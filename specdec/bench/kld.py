@@ -148,19 +148,21 @@ def _chunk_logits(engines: dict, peer, ids: list[int], never: torch.Tensor, scra
 
 
 def _score_chunk(scores: Scores, kind: str, ids: list[int], logits: dict[str, torch.Tensor], first: int) -> None:
-    """Adds one chunk's rows to every mode's statistics: all rows to "positions", rows >= first to "scored"."""
+    """Adds one chunk's rows to every mode's statistics: all rows to "positions", rows >= first to "scored".
+    Each row is scored once: the early rows' and the late rows' statistics, both counting toward "positions"."""
     targets = torch.tensor(ids[1:])
     support = logits["float32"][0].isfinite()
     keep = support[targets]  # a never-sample token in the text is not scored
-    late = keep & (torch.arange(len(targets)) >= first)
-    for scope, rows in (("positions", keep), ("scored", late)):
+    late = torch.arange(len(targets)) >= first
+    for scopes, rows in ((("positions",), keep & ~late), (("positions", "scored"), keep & late)):
         if not rows.any():
             continue
         ref, cols = logits["float32"][rows][:, support], _remap(targets[rows], support)
         for m in scores.names:
             chunk = Divergence()
             chunk.add(ref, logits[m][rows][:, support], cols)
-            scores.add(m, kind, scope, chunk)
+            for scope in scopes:
+                scores.add(m, kind, scope, chunk)
 
 
 def run_kld(a) -> dict:

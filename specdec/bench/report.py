@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -344,11 +345,7 @@ def paired(data: dict, s: str, ours: str, theirs: str, rate: str = "tokens_per_s
     runs = {(r["arm"], r["prompt"], r["repeat"]): r.get(rate) for r in data["runs"] if r["set"] == s}
     ratios = sorted(v / runs[(theirs, p, rep)] for (arm, p, rep), v in runs.items()
                     if arm == ours and v and runs.get((theirs, p, rep)))
-    if not ratios:
-        return None
-    mid = len(ratios) // 2
-    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
-    return {"median": median, "min": ratios[0], "max": ratios[-1]}
+    return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]} if ratios else None
 
 
 def view_peers(data: dict) -> str:
