@@ -36,9 +36,10 @@ bench: setup
 clean-venv:
 	rm -rf $(VENV)
 
-# the results tables in README.md and docs/ from docs/results/*.json (standard library only)
-docs: $(STAMP)
-	$(BIN)/python -m specdec.bench.report
+# the results tables in README.md and docs/ from docs/results/*.json (standard library only: no venv
+# needed; a developer tool, so it lives in tools/, outside the installed package)
+docs:
+	$(PYTHON) tools/docs_report.py
 
 lines:
 	@for d in specdec specdec/core specdec/models specdec/runner specdec/quant specdec/sample specdec/speculation specdec/speculation/proposers specdec/server specdec/serve_ray specdec/quality specdec/bench tests; do \

@@ -1,17 +1,17 @@
 """Request: one prompt's life in the engine, and RequestOutput: what the user gets back.
 
 A request's tokens are `prompt_token_ids + output_token_ids`; `num_computed_tokens` counts how many
-of them (plus speculative tokens) have K/V in the cache. The scheduler moves it toward
-`num_tokens + len(spec_token_ids)` each step (the drafts are proposed before scheduling).
+of them (plus the drafts scheduled this step) have K/V in the cache. A step's drafts are values
+that travel from the speculator through the scheduler's output to verification, never stored here.
 """
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from specdec.metrics import SpecStats
+from specdec.grammar import GrammarState
 from specdec.sampling_params import SamplingParams
 
 
@@ -53,8 +53,6 @@ class Request:
     params: SamplingParams
     arrival_time: float = field(default_factory=time.perf_counter)
     output_token_ids: list[int] = field(default_factory=list)
-    spec_token_ids: list[int] = field(default_factory=list)  # drafts under verification this step
-    num_spec_tokens: int = 0     # drafts asked of the proposer this step (the controller's k)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission (-1: not yet)
     status: RequestStatus = RequestStatus.WAITING
@@ -69,7 +67,8 @@ class Request:
     spec_domain: str | None = None   # the guess of the prompt's domain (router, controller prior)
     spec_history: list[str] = field(default_factory=list)  # proposer ids it used, in order
     background: bool = False         # low priority (shadow A/B): admitted when nothing else waits
-    grammar: Any = None              # its structured output's Matcher (sample/structured.py); None: unconstrained
+    fork_of: str | None = None       # a queued request with the same prompt, whose prompt K/V it will share
+    grammar: GrammarState | None = None  # its structured output's state (the one owner of its matcher)
 
     @property
     def num_prompt_tokens(self) -> int:

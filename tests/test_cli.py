@@ -60,13 +60,13 @@ def test_default_draft_precision_follows_the_default_mode(capsys, tiny_qwen, tin
     from specdec.cli import build_parser
     from specdec.commands.args import speculative_config
     from specdec.commands.generate import engine_config
-    from specdec.engine import resolve_precision
+    from specdec.precision import resolve_precision
 
     def draft_precision(args: list[str]) -> str | None:
         """What the engine built from these flags runs its draft in (None: the target's precision)."""
         a = build_parser().parse_args(["generate", "--model", str(tiny_qwen), *args, "hi"])
         spec = resolve_precision(engine_config(a, speculative_config(a)))[0].speculative
-        return spec.draft_precision if spec is not None else None
+        return spec.draft.precision if spec is not None else None
 
     assert draft_precision(["--draft", str(tiny_llama)]) == ("int4-a8" if DEFAULT_PRECISION == "int4-a16" else None)
     for flags in (["--draft-precision", "float32"], ["--precision", "float32"], ["--draft", "self:skip=1-1"]):

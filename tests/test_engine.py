@@ -167,3 +167,35 @@ def test_stats_are_consistent(tiny):
     assert 0 < s.ttft_seconds <= s.seconds
     assert s.tokens_per_second == pytest.approx(8 / s.seconds)
     assert s.precision == "float32"
+
+
+@pytest.mark.parametrize("prompt", [PROMPTS[1], PROMPTS[3]])
+def test_parallel_samples_share_the_prompt_and_equal_separate_requests(tiny_qwen, prompt):
+    """n choices of one prompt (sampled, fixed seeds): the first computes the prompt, the others share
+    its blocks and compute only its last token; each choice equals the same request run alone."""
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=12, ignore_eos=True) for s in (1, 2, 3, 4)]
+    alone = [ids(make_llm(tiny_qwen).generate(prompt, p)) for p in params]
+    llm = make_llm(tiny_qwen, block_size=4)
+    eng = llm.engine
+    n_prompt = len(eng.tokenizer.encode(prompt))
+    rows: list[int] = []
+    execute = eng.runner.execute
+    eng.runner.execute = lambda sched: (rows.append(sched.num_batched_tokens), execute(sched))[1]
+    reqs = [eng.add_request(prompt, p) for p in params]
+    assert [r.fork_of for r in reqs] == [None] + [reqs[0].request_id] * 3
+    eng.step()                                          # the first computes the prompt alone
+    assert rows == [n_prompt] and all(r.num_computed_tokens == 0 for r in reqs[1:])
+    free_before = eng.kv.num_free_blocks()
+    eng.step()                                          # the others join: one token each, blocks shared
+    assert rows[1] == 1 + 3
+    shared = (n_prompt - 1) // 4                        # full blocks before the prompt's last token
+    assert all(eng.kv.block_tables[r.request_id][:shared] == eng.kv.block_tables[reqs[0].request_id][:shared]
+               for r in reqs)
+    # one block per sibling (a copy of the shared partial block, or a fresh one for the last token),
+    # and one for the leader's next token if the prompt filled its last block
+    assert free_before - eng.kv.num_free_blocks() == 3 + (n_prompt % 4 == 0)
+    while eng.has_unfinished():
+        eng.step()
+    assert [r.output_token_ids for r in reqs] == [a[0] for a in alone]
+    assert all(r.num_cached_tokens == n_prompt - 1 for r in reqs[1:])
+    assert eng.kv.num_free_blocks() == eng.kv.num_blocks

@@ -14,7 +14,7 @@ import torch
 from specdec.bench import kld, llama_cpp_peer
 from specdec.cli import main
 from specdec.config import EngineConfig, ModelConfig, SpeculativeConfig
-from specdec.engine import resolve_precision
+from specdec.precision import resolve_precision
 from specdec.models.tokenizer import Tokenizer
 from specdec.quant import criterion, kernel
 from specdec.quant.criterion import Measurement, ModeScore
@@ -115,7 +115,7 @@ def test_auto_reads_the_saved_verdict_of_that_file_only(tiny_kquant, tmp_path, m
     path.write_text(m.to_json())
     chosen, why = resolve_precision(cfg)
     assert chosen.model.precision == "int4-a8" and "llama.cpp" in why
-    assert chosen.speculative.draft_precision == "int4-a8"
+    assert chosen.speculative.draft.precision == "int4-a8"
     m.file_bytes += 1                                                   # another file with the same name
     path.write_text(m.to_json())
     assert resolve_precision(cfg)[0].model.precision == "int4-a16"

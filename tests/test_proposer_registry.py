@@ -24,7 +24,7 @@ class RepeatLast:
         self.name = "repeat-last"
         self.verified: list[tuple[int, int]] = []
 
-    def propose(self, requests, num_tokens) -> Drafts:
+    def propose(self, requests, num_tokens, model_k) -> Drafts:
         return Drafts([DraftProposal([r.all_token_ids[-1]] * k) for r, k in zip(requests, num_tokens)])
 
     def catch_up_tokens(self, request) -> int:

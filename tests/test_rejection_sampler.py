@@ -6,7 +6,9 @@ Markov draft q(.|prev) over a 10-token vocabulary: a million rows draft k tokens
 verified by `rejection_sample`, and keep going until each row has two output tokens. The empirical
 joint of the first two tokens (y1, y2) must match p(y1|c) p(y2|y1) by a chi-square goodness-of-fit
 test (cells with expected count < 5 pooled, alpha = 1e-4) and total variation < 0.01. The two
-deliberately broken samplers (`_test_mode`) must fail the same check, which shows it has power.
+deliberately broken samplers (defined here, wrapping the real one) must fail the same check, which
+shows it has power. The cases are written as padded [rows, k] tensors; `rejection_sample` below
+flattens them into the sampler's rows.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.sample.rejection_sampler import rejection_sample
+from broken_samplers import always_accept, resample_from_p
+from specdec.sample import rejection_sampler
 
 V = 10               # toy vocabulary
 CONTEXT = 3          # the fixed context token c
@@ -27,6 +30,30 @@ ALPHA = 1e-4
 TV_MAX = 0.01
 MODES = (None, "always_accept", "resample_from_p")
 BROKEN_K = 1         # the broken samplers are run on the k = 1 simulations (runtime budget)
+
+
+# ---------------------------------------------------------------------------------------------
+# padded cases -> the sampler's flat rows, and the deliberately broken samplers
+
+SAMPLERS = {None: rejection_sampler.rejection_sample, "always_accept": always_accept,
+            "resample_from_p": resample_from_p}
+
+
+def rejection_sample(draft_ids, num_draft, draft_probs, target_logits, is_greedy, uniforms, noise, _test_mode=None):
+    """The padded form of a case ([r, max_k] drafts, [r, max_k + 1, vocab] logits; `noise`: Exp(1)
+    draws of any shape [r, ...], the first of each row turned into the row's final uniform
+    1 - exp(-E)) -> (out [r, max_k + 1] padded with -1, num_accepted)."""
+    r, max_k = draft_ids.shape
+    valid = torch.arange(max_k) < num_draft[:, None]
+    rows = torch.arange(max_k + 1) <= num_draft[:, None]
+    flat_probs = None if draft_probs is None else draft_probs[valid]
+    final_u = -torch.expm1(-noise.reshape(r, -1)[:, 0].double()).float().clamp(max=1 - 2 ** -24)
+    tokens, num_accepted = SAMPLERS[_test_mode](draft_ids[valid], num_draft, flat_probs, target_logits[rows],
+                                                is_greedy, uniforms[valid], final_u)
+    out = torch.full((r, max_k + 1), -1, dtype=torch.long)
+    for i, t in enumerate(tokens):
+        out[i, : len(t)] = torch.tensor(t)
+    return out, num_accepted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -490,29 +517,29 @@ def test_masked_tokens_never_emitted(one_hot):
 
 
 @pytest.mark.parametrize("one_hot", [False, True])
-def test_zero_noise_never_emits_zero_probability_token(one_hot):
-    """An Exp(1) draw of exactly 0 (float32 generators, e.g. numpy's ziggurat, produce them) on a
-    token of probability 0 must not make it win (0 / 0 is NaN, and argmax picks NaN): neither a
-    token masked by -inf, nor one outside the residual max(0, p - q)."""
+def test_extreme_uniforms_never_emit_a_zero_probability_token(one_hot):
+    """A final uniform of exactly 0, or the largest float32 below 1, must still land on a token of
+    positive probability: neither a token masked by -inf (at either end of the vocabulary), nor one
+    outside the residual max(0, p - q)."""
     v, ninf = 8, float("-inf")
-    logits = torch.tensor([[[0.0, 1.0, ninf, 0.5, ninf, 0.0, 0.0, 0.0],
-                            [ninf, 1.0, ninf, 0.5, ninf, 2.0, ninf, 0.0]]])
+    logits = torch.tensor([[[ninf, 1.0, ninf, 0.5, ninf, 0.0, 0.0, ninf],
+                            [ninf, 1.0, ninf, 0.5, ninf, 2.0, ninf, ninf]]])
     masked = torch.isinf(logits[0])
     probs = None if one_hot else torch.full((1, 1, v), 1.0 / v)
     # draft 2 is masked: always rejected (residual); draft 1 with u = 0: accepted (bonus)
     for draft, expect_n in ((2, 0), (1, 1)):
-        noise = torch.ones(1, 2, v).masked_fill(masked, 0.0)   # zeros exactly on masked tokens
-        out, n = rejection_sample(torch.tensor([[draft]]), torch.tensor([1]), probs, logits,
-                                  torch.tensor([False]), torch.zeros(1, 1), noise)
-        assert n.item() == expect_n
-        final = out[0, expect_n].item()
-        assert not masked[expect_n, final], (draft, out)
-    # q >= p on tokens 0 and 1 at position 0, so they are outside the residual
-    q = torch.zeros(1, 1, v)
-    q[0, 0, :2] = 0.5
-    residual = (torch.softmax(logits[0, 0], -1) - q[0, 0]).clamp(min=0)
-    noise = torch.ones(1, 2, v)
-    noise[0, 0, :2] = 0.0
-    out, n = rejection_sample(torch.tensor([[1]]), torch.tensor([1]), q, logits, torch.tensor([False]),
-                              torch.full((1, 1), 0.99), noise)   # 0.99 * 0.5 > p(1) = 0.325: rejected
-    assert n.item() == 0 and residual[out[0, 0]] > 0, out
+        for u in (0.0, 1 - 2 ** -24):
+            tokens, n = rejection_sampler.rejection_sample(
+                torch.tensor([draft]), torch.tensor([1]), None if probs is None else probs[0], logits[0],
+                torch.tensor([False]), torch.zeros(1), torch.tensor([u]))
+            assert n.item() == expect_n
+            assert not masked[expect_n, tokens[0][-1]], (draft, u, tokens)
+    # q >= p on tokens 1 and 3 at position 0, so they are outside the residual
+    q = torch.zeros(1, v)
+    q[0, [1, 3]] = 0.5
+    residual = (torch.softmax(logits[0, 0], -1) - q[0]).clamp(min=0)
+    for u in (0.0, 1 - 2 ** -24):
+        tokens, n = rejection_sampler.rejection_sample(torch.tensor([1]), torch.tensor([1]), q, logits[0],
+                                                       torch.tensor([False]), torch.full((1,), 0.99),
+                                                       torch.tensor([u]))   # 0.99 * 0.5 > p(1): rejected
+        assert n.item() == 0 and residual[tokens[0][0]] > 0, tokens

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from conftest import engine_config
-from specdec.config import SpeculativeConfig
+from specdec.config import ControllerConfig, DraftConfig, RouterConfig, SpeculativeConfig
 from specdec.llm import LLM
 from specdec.prompts import PROMPTS_DIR, SETS, read_prompts_file
 from specdec.request import SpecOptions
@@ -88,7 +88,7 @@ PROMPTS = ["the cat sat on the mat, the cat sat on the", "once upon a time there
 
 def test_a_draft_loads_on_first_use_and_unloads_under_load(tiny_qwen, tiny_llama, plain_llm):
     cfg = engine_config(str(tiny_qwen))
-    cfg.speculative = _spec(extra_drafts=[str(tiny_llama)])
+    cfg.speculative = _spec(draft=DraftConfig(extra_models=[str(tiny_llama)]))
     llm = LLM(config=cfg, progress=False)
     eng = llm.engine
     draft = "tiny-llama.gguf"
@@ -144,7 +144,7 @@ def test_a_draft_that_fails_to_load_is_reported_and_skipped(tiny_qwen, tmp_path,
 
 def test_idle_drafts_unload(tiny_qwen, tiny_llama):
     cfg = engine_config(str(tiny_qwen))
-    cfg.speculative = _spec(extra_drafts=[str(tiny_llama)], draft_idle_seconds=0.2)
+    cfg.speculative = _spec(draft=DraftConfig(extra_models=[str(tiny_llama)], idle_seconds=0.2))
     eng = LLM(config=cfg, progress=False).engine
     eng.load_draft(str(tiny_llama))
     eng.speculator.wait_loaded(timeout=60)
@@ -161,8 +161,8 @@ def test_router_switches_a_request_whose_acceptance_collapses(tiny_qwen, tiny_ll
     router hands the request to the next proposer in the domain's prior order (the suffix lookup,
     which prices its own drafts) instead of decoding plainly."""
     cfg = engine_config(str(tiny_qwen))
-    cfg.speculative = _spec(extra_drafts=[str(tiny_llama)], router=True, health_window=2,
-                            acceptance_threshold=0.99)
+    cfg.speculative = _spec(draft=DraftConfig(extra_models=[str(tiny_llama)]), router=RouterConfig(enabled=True),
+                            controller=ControllerConfig(health_window=2, acceptance_threshold=0.99))
     llm = LLM(config=cfg, progress=False)
     eng = llm.engine
     eng.load_draft(str(tiny_llama))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import engine_config
-from specdec.config import SpeculativeConfig
+from specdec.config import ControllerConfig, RouterConfig, SpeculativeConfig
 from specdec.llm import LLM
 from specdec.prompts import PROMPTS_DIR, read_prompts_file
 from specdec.sampling_params import SamplingParams
@@ -22,8 +22,8 @@ DRAFT = "qwen2.5-coder-0.5b-instruct"
 def test_router_picks_ngram_on_code_edits_and_the_draft_on_prose(qwen05_loaded):
     cfg = engine_config(DRAFT, target_cache_blocks=512)
     cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=DRAFT, num_speculative_tokens=4,
-                                        router=True, deterministic=True, router_exploration=0.0,
-                                        draft_cost_ratio=0.2)
+                                        router=RouterConfig(enabled=True, exploration=0.0),
+                                        controller=ControllerConfig(deterministic=True, draft_cost_ratio=0.2))
     llm = LLM(config=cfg, loaded=qwen05_loaded, draft_loaded=qwen05_loaded, progress=False)
     router = llm.engine.speculator.router
     params = SamplingParams(max_tokens=16)

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from specdec.sample.logits_processors import apply_penalties, apply_top_k_top_p_min_p, process_logits
+from specdec.sample.logits_processors import process_logits
 from specdec.sample.rejection_sampler import rejection_sample
-from specdec.sample.sampler import fill_random_inputs, make_generator, top_logprobs
+from specdec.sample.sampler import make_generator, top_logprobs
 from specdec.sampling_params import SamplingParams
 
 
@@ -33,7 +33,7 @@ def test_valid_params_normalize():
 
 def test_top_k_keeps_k_best():
     logits = torch.tensor([1.0, 5.0, 3.0, 4.0, 2.0])
-    out = apply_top_k_top_p_min_p(logits, SamplingParams(temperature=1.0, top_k=2))
+    out = _filters(logits, SamplingParams(temperature=1.0, top_k=2))
     assert torch.isfinite(out).tolist() == [False, True, False, True, False]
 
 
@@ -42,7 +42,7 @@ def test_top_p_keeps_smallest_set_reaching_p():
     logits = probs.log()
 
     def keep(p):
-        return torch.isfinite(apply_top_k_top_p_min_p(logits, SamplingParams(temperature=1.0, top_p=p))).tolist()
+        return torch.isfinite(_filters(logits, SamplingParams(temperature=1.0, top_p=p))).tolist()
 
     assert keep(0.5) == [True, False, False, False]
     assert keep(0.6) == [True, True, False, False]
@@ -52,28 +52,32 @@ def test_top_p_keeps_smallest_set_reaching_p():
 
 def test_min_p_relative_to_top():
     logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
-    out = apply_top_k_top_p_min_p(logits, SamplingParams(temperature=1.0, min_p=0.35))
+    out = _filters(logits, SamplingParams(temperature=1.0, min_p=0.35))
     assert torch.isfinite(out).tolist() == [True, True, False, False]  # threshold 0.175
 
 
 def test_penalties():
     logits = torch.tensor([2.0, -2.0, 1.0, 0.5])
     p = SamplingParams(repetition_penalty=2.0)
-    out = apply_penalties(logits.clone(), p, prompt_ids=[0], output_ids=[1])
+    out = process_logits(logits, p, prompt_ids=[0], output_ids=[1])
     assert out.tolist() == [1.0, -4.0, 1.0, 0.5]
     p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
-    out = apply_penalties(logits.clone(), p, prompt_ids=[3], output_ids=[2, 2, 0])
+    out = process_logits(logits, p, prompt_ids=[3], output_ids=[2, 2, 0])
     assert out.tolist() == pytest.approx([2.0 - 0.75, -2.0, 1.0 - 1.0, 0.5])  # prompt not counted
+
+
+def _filters(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature 1 and the filters alone (no penalties set)."""
+    return process_logits(logits, params, prompt_ids=[], output_ids=[])
 
 
 def sample_token(processed: torch.Tensor, p: SamplingParams, g: torch.Generator) -> int:
     """Plain decoding is rejection sampling with no drafts."""
     vocab = processed.shape[-1]
-    uniforms, noise = torch.zeros(0), torch.ones(1, vocab)
-    fill_random_inputs(None if p.greedy else g, 0, uniforms, noise)
-    out, _ = rejection_sample(torch.full((1, 0), -1), torch.zeros(1, dtype=torch.long), None,
-                              processed.view(1, 1, vocab), torch.tensor([p.greedy]), uniforms[None], noise[None])
-    return int(out[0, 0])
+    u = torch.zeros(1) if p.greedy else torch.rand(1, generator=g)
+    tokens, _ = rejection_sample(torch.zeros(0, dtype=torch.long), torch.zeros(1, dtype=torch.long), None,
+                                 processed.view(1, vocab), torch.tensor([p.greedy]), torch.zeros(0), u)
+    return tokens[0][0]
 
 
 def test_greedy_ignores_temperature_filters_but_not_penalties():

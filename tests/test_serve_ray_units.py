@@ -182,8 +182,12 @@ def test_a_replica_whose_draft_fails_to_load_serves_plain(tiny_qwen, tmp_path, c
 
 
 def test_scale_out_bench_summaries_and_tables():
-    from specdec.bench import report
+    import sys
+    from pathlib import Path
+
     from specdec.bench.scale_out import _affinity_run, _replicas_summary
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # the docs generator: a repo tool
+    import docs_report as report
 
     def turn(prompt, cached, replica, ttft=0.2):
         return {"ttft": ttft, "seconds": 1.0, "prompt_tokens": prompt, "cached_tokens": cached, "replica": replica}

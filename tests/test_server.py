@@ -229,9 +229,9 @@ def test_yaml_config(tmp_path):
     assert load_yaml_config(bad)[0].speculative is None
     bad.write_text("execution_config:\n  precision: float32\n  draft_precision: int4-a8\n")
     cfg = load_yaml_config(bad)[0]
-    assert cfg.model.precision == "float32" and cfg.speculative.draft_precision == "int4-a8"
+    assert cfg.model.precision == "float32" and cfg.speculative.draft.precision == "int4-a8"
     bad.write_text("execution_config:\n  draft_precision: int3\n")
-    with pytest.raises(ValueError, match="draft_precision"):
+    with pytest.raises(ValueError, match=r"draft\.precision"):
         load_yaml_config(bad)
 
 
@@ -243,7 +243,7 @@ def test_cli_flags_override_the_config(tmp_path):
     cfg, server, _ = serve_configs(a)
     assert cfg.speculative.num_speculative_tokens == 2 and server.port == 9001 and cfg.scheduler.max_batch_size == 3
     a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "--draft-precision", "int4-a8"])
-    assert serve_configs(a)[0].speculative.draft_precision == "int4-a8"
+    assert serve_configs(a)[0].speculative.draft.precision == "int4-a8"
     a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "--spec", "ngram"])
     assert serve_configs(a)[0].speculative.method == "ngram"
     a = build_parser().parse_args(["serve", "--config", "configs/default.yaml", "--no-spec"])
@@ -255,11 +255,11 @@ def test_serve_without_flags_takes_the_cli_default_precision():
     once fell back to float32 because serve's --device defaults to unset)."""
     from specdec.cli import build_parser
     from specdec.commands.serve import serve_configs
-    from specdec.engine import resolve_precision
+    from specdec.precision import resolve_precision
     from specdec.quant import kernel
     cfg, _ = resolve_precision(serve_configs(build_parser().parse_args(["serve"]))[0])  # what the engine runs
     assert cfg.model.precision == expected_auto_precision(cfg.model.model)
-    assert cfg.speculative.draft_precision == ("int4-a8" if kernel.available() else None)
+    assert cfg.speculative.draft.precision == ("int4-a8" if kernel.available() else None)
 
 
 def test_bad_request_fails_before_the_engine_is_touched(strict_server):

@@ -44,7 +44,7 @@ def test_draft_model_equals_plain(qwen15_loaded, qwen05_loaded, reference, k):
     assert sum(o.stats.accepted_tokens for o in outs) > 0
     eng = llm.engine
     assert eng.kv.num_free_blocks() == eng.kv.num_blocks
-    assert eng.speculator.default_proposer.kv.num_free_blocks() == eng.speculator.default_proposer.kv.num_blocks
+    assert eng.speculator.proposers[eng.speculator.default_id].kv.num_free_blocks() == eng.speculator.proposers[eng.speculator.default_id].kv.num_blocks
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])

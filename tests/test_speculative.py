@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import cpu_precision, engine_config
 
-from specdec.config import SpeculativeConfig
+from specdec.config import ControllerConfig, DraftConfig, SpeculativeConfig
 from specdec.llm import LLM
 from specdec.sampling_params import SamplingParams
 from specdec.speculation.controller import SpecController
@@ -26,6 +26,11 @@ def plain(tiny_qwen):
     return LLM(config=engine_config(str(tiny_qwen)), progress=False)
 
 
+def controlled(k: int, policy: str = "cost_model", **controller) -> SpeculativeConfig:
+    """A config with k drafts at most and these controller knobs."""
+    return SpeculativeConfig(num_speculative_tokens=k, policy=policy, controller=ControllerConfig(**controller))
+
+
 def tokens(llm, params, prompts=PROMPTS, batch=True):
     return [o.token_ids for o in llm.generate(prompts, params, batch=batch)]
 
@@ -33,7 +38,7 @@ def tokens(llm, params, prompts=PROMPTS, batch=True):
 def assert_all_free(llm):
     eng = llm.engine
     assert eng.kv.num_free_blocks() == eng.kv.num_blocks
-    draft_kv = getattr(eng.speculator.default_proposer, "kv", None)
+    draft_kv = getattr(eng.speculator.proposers[eng.speculator.default_id], "kv", None)
     if draft_kv is not None:
         assert draft_kv.num_free_blocks() == draft_kv.num_blocks
         assert all(r == 0 for r in draft_kv.pool.ref_cnt)
@@ -114,7 +119,7 @@ def test_logprobs_come_from_the_target(plain, tiny_qwen, tiny_llama):
 class Boom:
     kind, name = "draft_model", "boom"
 
-    def propose(self, requests, num_tokens):
+    def propose(self, requests, num_tokens, model_k):
         raise RuntimeError("draft exploded")
 
     def catch_up_tokens(self, request):
@@ -143,8 +148,7 @@ def test_ngram_lookup():
 
 
 def test_controller_health_fallback_and_reprobe():
-    c = SpecController(SpeculativeConfig(num_speculative_tokens=4, policy="fixed", health_window=4,
-                                         reprobe_interval=3, reprobe_k=2))
+    c = SpecController(controlled(4, "fixed", health_window=4, reprobe_interval=3, reprobe_k=2))
     assert c.next_k("r", 0, 1) == 4
     for _ in range(4):
         c.observe("r", 4, 0)
@@ -156,7 +160,7 @@ def test_controller_health_fallback_and_reprobe():
 
 
 def test_controller_heuristic_moves_k():
-    c = SpecController(SpeculativeConfig(num_speculative_tokens=6, policy="heuristic", acceptance_threshold=0.0))
+    c = SpecController(controlled(6, "heuristic", acceptance_threshold=0.0))
     k0 = c.next_k("r", 0, 1)
     for _ in range(10):
         c.observe("r", k0, k0)
@@ -167,16 +171,16 @@ def test_controller_heuristic_moves_k():
 
 
 def test_cost_model_stops_speculating_when_it_does_not_pay():
-    c = SpecController(SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, reprobe_interval=100))
+    c = SpecController(controlled(4, acceptance_threshold=0.0, reprobe_interval=100))
     for rows in (4, 8, 12):
-        c.record_verify(rows, 0.1 * rows)   # verification grows with every scored row
+        c.verify_costs.record(rows, 0.1 * rows)   # verification grows with every scored row
     c.record_draft(1, 0.1)
     for _ in range(20):
         c.observe("r", 4, 0)              # and the drafts are (almost) never accepted
     assert c.next_k("r", 5, 1) == 0
-    c2 = SpecController(SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0))
+    c2 = SpecController(controlled(4, acceptance_threshold=0.0))
     for rows in range(1, 9):
-        c2.record_verify(rows, 0.1)          # scoring up to 8 tokens costs one forward
+        c2.verify_costs.record(rows, 0.1)          # scoring up to 8 tokens costs one forward
     c2.record_draft(1, 0.01)
     for _ in range(20):
         c2.observe("r", 4, 4)
@@ -184,8 +188,7 @@ def test_cost_model_stops_speculating_when_it_does_not_pay():
 
 
 def test_long_output_guard_interleaves_plain_steps():
-    c = SpecController(SpeculativeConfig(num_speculative_tokens=3, policy="fixed", plain_interval_after=10,
-                                         plain_interval_steps=2))
+    c = SpecController(controlled(3, "fixed", plain_interval_after=10, plain_interval_steps=2))
     assert c.next_k("r", 5, 1) == 3
     assert [c.next_k("r", 20, 1) for _ in range(6)] == [3, 0, 0, 3, 0, 0]
 
@@ -210,7 +213,7 @@ def test_draft_pool_prefix_cache_skips_the_second_prefill(plain, tiny_qwen, tiny
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     prompt = PROMPTS[3] * 3  # several full blocks
     first = llm.generate(prompt, params)[0].token_ids
-    proposer = llm.engine.speculator.default_proposer
+    proposer = llm.engine.speculator.proposers[llm.engine.speculator.default_id]
     req = llm.engine.add_request(prompt, params, request_id="again")
     assert proposer.catch_up_tokens(req) < proposer.kv.block_size  # all full blocks of the prompt are cached
     llm.engine.abort("again")
@@ -227,28 +230,28 @@ def test_turning_prefix_caching_off_turns_off_the_drafts_cache_too(plain, tiny_q
     prompt = PROMPTS[3] * 3
     first = llm.generate(prompt, params)[0].token_ids
     req = llm.engine.add_request(prompt, params, request_id="again")
-    assert llm.engine.speculator.default_proposer.catch_up_tokens(req) == len(req.prompt_token_ids)  # nothing was kept
+    assert llm.engine.speculator.proposers[llm.engine.speculator.default_id].catch_up_tokens(req) == len(req.prompt_token_ids)  # nothing was kept
     llm.engine.abort("again")
     assert llm.generate(prompt, params)[0].token_ids == first == tokens(plain, params, [prompt])[0]
 
 
 def test_cost_model_prior_and_smoothing():
-    c = SpecController(SpeculativeConfig(num_speculative_tokens=3, acceptance_threshold=0.0))
+    c = SpecController(controlled(3, acceptance_threshold=0.0))
     for _ in range(10):
         c.observe("a", 3, 3)
     assert min(c.acceptance("b")) > 0.85   # a new request starts from what the draft achieved so far
     c.observe("a", 3, 0)
     assert c.acceptance("a")[0] > 0.75     # one miss after a long run of hits moves the estimate little
     for rows in range(1, 9):
-        c.record_verify(rows, 1.0)
+        c.verify_costs.record(rows, 1.0)
     c.record_draft(1, 0.2)
     assert c.next_k("a", 10, 1, remaining=100) == 3
 
 
 def test_cost_model_weighs_the_drafts_catch_up_against_the_remaining_tokens():
-    c = SpecController(SpeculativeConfig(num_speculative_tokens=3, acceptance_threshold=0.0))
+    c = SpecController(controlled(3, acceptance_threshold=0.0))
     for rows in range(1, 9):
-        c.record_verify(rows, 1.0)          # one target step: 1 s for up to 8 tokens
+        c.verify_costs.record(rows, 1.0)          # one target step: 1 s for up to 8 tokens
     c.record_draft(1, 0.2)
     c.record_draft(512, 20.0)                # the draft prefills ~25 tokens/s
     for _ in range(10):
@@ -263,7 +266,7 @@ def test_cost_model_weighs_the_drafts_catch_up_against_the_remaining_tokens():
 def test_acceptance_prior_is_kept_per_domain():
     """A new request starts from what the draft achieved on its own domain (code acceptance says little
     about prose), else over all domains."""
-    c = SpecController(SpeculativeConfig(num_speculative_tokens=2, acceptance_threshold=0.0))
+    c = SpecController(controlled(2, acceptance_threshold=0.0))
     c.next_k("code", 0, 1, domain="code_gen")
     c.next_k("prose", 0, 1, domain="prose")
     for _ in range(30):
@@ -277,10 +280,10 @@ def test_acceptance_prior_is_kept_per_domain():
 
 
 def test_deterministic_cost_model_depends_on_counts_only():
-    cfg = SpeculativeConfig(num_speculative_tokens=4, deterministic=True, acceptance_threshold=0.0)
+    cfg = controlled(4, deterministic=True, acceptance_threshold=0.0)
     a, b = SpecController(cfg), SpecController(cfg)
-    a.record_verify(4, 0.1)
-    b.record_verify(4, 9.0)
+    a.verify_costs.record(4, 0.1)
+    b.verify_costs.record(4, 9.0)
     b.record_draft(1, 5.0)
     for c in (a, b):
         for accepted in (4, 2, 3, 0, 4):
@@ -289,9 +292,9 @@ def test_deterministic_cost_model_depends_on_counts_only():
 
 
 def test_cost_model_backs_off_when_the_batch_is_large():
-    c = SpecController(SpeculativeConfig(num_speculative_tokens=3, acceptance_threshold=0.0))
+    c = SpecController(controlled(3, acceptance_threshold=0.0))
     for rows in range(1, 65):
-        c.record_verify(rows, 0.1 * max(1.0, rows / 8))  # flat up to 8 rows, then linear in rows
+        c.verify_costs.record(rows, 0.1 * max(1.0, rows / 8))  # flat up to 8 rows, then linear in rows
     for rows in range(1, 17):
         c.record_draft(rows, 0.02 * max(1.0, rows / 8))
     for _ in range(10):
@@ -306,7 +309,7 @@ def test_abort_frees_both_pools(tiny_qwen, tiny_llama):
     req = eng.add_request(PROMPTS[3], SamplingParams(max_tokens=50, ignore_eos=True))
     for _ in range(4):
         eng.step()
-    assert eng.speculator.default_proposer.kv.num_free_blocks() < eng.speculator.default_proposer.kv.num_blocks
+    assert eng.speculator.proposers[eng.speculator.default_id].kv.num_free_blocks() < eng.speculator.proposers[eng.speculator.default_id].kv.num_blocks
     eng.abort(req.request_id)
     assert_all_free(llm) and not eng.has_unfinished()
 
@@ -322,9 +325,9 @@ def test_subvocab_draft_is_lossless_and_scores_only_its_tokens(tiny_qwen, tiny_l
     ref = tokens(plain, params)
     cfg = engine_config(str(tiny_qwen), precision=precision)
     cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
-                                        policy="fixed", draft_vocab_size=256)
+                                        policy="fixed", draft=DraftConfig(vocab_size=256))
     llm = LLM(config=cfg, progress=False)
-    model = llm.engine.speculator.default_proposer.runner.model
+    model = llm.engine.speculator.proposers[llm.engine.speculator.default_id].runner.model
     ids = model.vocab_ids
     vocab = model.cfg.vocab_size
     assert ids is not None and len(ids) == 256 < vocab and torch.equal(ids, ids.sort().values)
@@ -352,30 +355,31 @@ def test_a_draft_in_another_precision_is_lossless(tiny_qwen, tiny_llama, target_
     ref = tokens(LLM(config=engine_config(str(tiny_qwen), precision=target_precision), progress=False), params)
     cfg = engine_config(str(tiny_qwen), precision=target_precision)
     cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
-                                        policy="fixed", draft_precision=draft_precision)
+                                        policy="fixed", draft=DraftConfig(precision=draft_precision))
     llm = LLM(config=cfg, progress=False)
-    assert llm.engine.speculator.default_proposer.loaded.precision == draft_precision
+    assert llm.engine.speculator.proposers[llm.engine.speculator.default_id].loaded.precision == draft_precision
     assert llm.engine.loaded.precision == target_precision
     out = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in out] == ref and all(o.stats.precision == target_precision for o in out)
     assert sum(o.stats.drafted_tokens for o in out) > 0
     controller = next(iter(llm.engine.speculator.controllers.values()))
-    assert controller.draft_costs.row_align == llm.engine.speculator.default_proposer.runner.model.row_align
+    assert controller.draft_costs.row_align == llm.engine.speculator.proposers[llm.engine.speculator.default_id].runner.model.row_align
     assert_all_free(llm)
 
 
 def test_draft_precision_is_validated(tiny_qwen):
-    with pytest.raises(ValueError, match="draft_precision"):
-        SpeculativeConfig(draft_precision="fp8")
+    with pytest.raises(ValueError, match=r"draft\.precision"):
+        SpeculativeConfig(draft=DraftConfig(precision="fp8"))
     cfg = engine_config(str(tiny_qwen), precision="float32")
-    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model="self:skip=1-1", draft_precision="int4")
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model="self:skip=1-1",
+                                        draft=DraftConfig(precision="int4"))
     with pytest.raises(ValueError, match="self-speculation runs the target's own weights"):
         LLM(config=cfg, progress=False)
 
 
 def test_draft_vocab_size_is_validated():
-    with pytest.raises(ValueError, match="draft_vocab_size"):
-        SpeculativeConfig(draft_vocab_size=10)
+    with pytest.raises(ValueError, match=r"draft\.vocab_size"):
+        SpeculativeConfig(draft=DraftConfig(vocab_size=10))
 
 
 def test_self_auto_refuses_a_model_too_shallow_to_skip(tiny_qwen):
@@ -411,7 +415,7 @@ def test_self_draft_is_lossless(tiny_dir, reference, tmp_path, monkeypatch):
     cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=reference, num_speculative_tokens=3,
                                         policy="fixed")
     llm = LLM(config=cfg, progress=False)
-    proposer = llm.engine.speculator.default_proposer
+    proposer = llm.engine.speculator.proposers[llm.engine.speculator.default_id]
     assert proposer.name.startswith("self:skip=") and proposer.loaded is llm.engine.loaded  # no second copy
     assert proposer.runner.model.skip_layers
     assert tokens(llm, params) == ref
@@ -452,7 +456,7 @@ def _measured(cfg, verify, draft, accepted, draft_cost_ratio=None):
     with `accepted` of them accepted."""
     c = SpecController(cfg, draft_cost_ratio=draft_cost_ratio, row_align=1)
     for rows, seconds in verify:
-        c.record_verify(rows, seconds)
+        c.verify_costs.record(rows, seconds)
     for rows, seconds in draft:
         c.record_draft(rows, seconds)
     for _ in range(20):
@@ -464,7 +468,7 @@ def test_cost_model_probes_only_while_a_probe_could_pay():
     """A draft nearly as slow as the target (int4 on a small CPU): even with every draft accepted,
     speculation would not clear min_gain, so no probes (each would make the draft catch up on the
     tokens it skipped, for nothing)."""
-    cfg = SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, reprobe_interval=4)
+    cfg = controlled(4, acceptance_threshold=0.0, reprobe_interval=4)
     # perfect acceptance: 5 tokens per 1.03 s against 0.21 s a token plain
     c = _measured(cfg, ((1, 0.21), (2, 0.40), (3, 0.55), (4, 0.60), (5, 0.65), (17, 2.3), (64, 8.6)),
                   ((1, 0.095), (17, 0.55), (57, 2.5)), accepted=4)
@@ -495,7 +499,7 @@ def test_cost_model_learns_what_whole_steps_cost():
     from 1 row and a prefill, one 1-row draft), but whole speculative steps measure 30% more than
     their forwards (the draft's 2-row catch-up, sampling over the vocabulary): the controller scales
     its prediction by what steps measured and goes back to plain decoding."""
-    cfg = SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, reprobe_interval=1000)
+    cfg = controlled(4, acceptance_threshold=0.0, reprobe_interval=1000)
     c = _measured(cfg, ((1, 0.20), (2, 0.27), (5, 0.50), (40, 3.2)), ((1, 0.05),), accepted=1)
     k = c.next_k("r", 10, 1, remaining=100)
     assert k == 1  # forwards alone: (0.05 + 0.27) s for 2 tokens beats 0.20 s a token
@@ -508,7 +512,7 @@ def test_cost_model_learns_what_whole_steps_cost():
     other = next(j for j in range(1, 5) if j != k)
     assert c._step_cost(other, 1) == pytest.approx(1.3 * c._forward_cost(other, 1))
     # static costs (deterministic mode) ignore wall times
-    d = SpecController(SpeculativeConfig(num_speculative_tokens=4, deterministic=True))
+    d = SpecController(controlled(4, deterministic=True))
     d.record_step(2, 1, 5.0)
     assert d.step_ratio == {} and d._step_cost(2, 1) == d._forward_cost(2, 1)
 
@@ -517,7 +521,7 @@ def test_speculation_that_loses_in_wall_time_holds_plain_decoding():
     """Whatever the forward costs predict, a request whose speculative steps cost more wall time per
     emitted token than a plain step holds plain decoding for a probe interval, doubled each time;
     steps that win leave it speculating. Deterministic mode ignores wall times."""
-    cfg = SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, reprobe_interval=8)
+    cfg = controlled(4, acceptance_threshold=0.0, reprobe_interval=8)
     c = _measured(cfg, ((1, 0.20), (2, 0.27), (5, 0.50), (40, 3.2)), ((1, 0.05),), accepted=1)
     k = c.next_k("r", 10, 1, remaining=1000)
     assert k > 0
@@ -533,7 +537,7 @@ def test_speculation_that_loses_in_wall_time_holds_plain_decoding():
     for _ in range(4):
         c.record_request_step("r", k, 1, 2.2 * plain, 2)
     assert c.states["r"].hold == 16  # ... and losing again waits twice as long
-    d = SpecController(SpeculativeConfig(num_speculative_tokens=4, deterministic=True))
+    d = SpecController(controlled(4, deterministic=True))
     for _ in range(8):
         d.record_request_step("r", 2, 1, 100.0, 1)
     assert d._state("r").hold == 0
@@ -571,7 +575,7 @@ def test_forwards_on_a_thread_count_being_tried_are_no_cost_measurement(tiny_qwe
 def test_failed_probes_back_off():
     """n-gram lookup on prose: each probe verifies k + 1 rows and finds nothing; the wait before the
     next doubles (16, 32, 64 plain steps), and a probe that finds acceptance resets it."""
-    cfg = SpeculativeConfig(num_speculative_tokens=4, reprobe_interval=16)
+    cfg = controlled(4, reprobe_interval=16)
     c = _measured(cfg, ((1, 0.20), (3, 0.36), (5, 0.54), (40, 3.2)), ((1, 1e-5),), accepted=0, draft_cost_ratio=0.0)
     probes = []
     for i in range(16 + 32 + 64):
@@ -590,13 +594,12 @@ def test_failed_probes_back_off():
 def test_cost_model_needs_a_margin_to_speculate():
     """A predicted gain inside `min_gain` is noise in the measured costs: stay plain."""
     for min_gain, speculates in ((0.0, True), (0.03, False)):
-        cfg = SpeculativeConfig(num_speculative_tokens=4, acceptance_threshold=0.0, min_gain=min_gain,
-                                reprobe_interval=1000)
+        cfg = controlled(4, acceptance_threshold=0.0, min_gain=min_gain, reprobe_interval=1000)
         c = _measured(cfg, ((1, 0.21), (5, 0.65)), ((1, 0.09),), accepted=4)
         # best k: 0.204 s a token against 0.21 s plain, a 2.9% gain
         assert (c.next_k("r", 10, 1, remaining=100) > 0) == speculates
-    with pytest.raises(ValueError, match="min_gain"):
-        SpeculativeConfig(min_gain=1.0)
+    with pytest.raises(ValueError, match=r"controller\.min_gain"):
+        SpeculativeConfig(controller=ControllerConfig(min_gain=1.0))
 
 
 def test_drafts_the_budget_cannot_hold_are_trimmed(plain, tiny_qwen, tiny_llama):

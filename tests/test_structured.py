@@ -17,7 +17,7 @@ from conftest import engine_config
 from specdec.config import SpeculativeConfig
 from specdec.llm import LLM
 from specdec.quality.chi_square import chi_square_two_sample
-from specdec.sample.structured import GrammarCompiler, constrain, settle
+from specdec.sample.structured import GrammarCompiler
 from specdec.sampling_params import SamplingParams, StructuredOutput
 
 PROMPTS = ["hello there", "the cat sat on the mat and then the cat sat", "a"]
@@ -50,16 +50,34 @@ def matches(kind: str, text: str) -> bool:
     return re.fullmatch(r"yes|no|maybe [a-z]+", text) is not None
 
 
+def checked(llm: LLM) -> LLM:
+    """After every step, each constrained request's grammar has consumed exactly the tokens it
+    emitted (but an EOS that ended it), with no lookahead left open."""
+    eng, step = llm.engine, llm.engine.step
+
+    def step_and_check():
+        reqs = [r for r in eng.requests.values() if r.grammar is not None]
+        outputs = step()
+        for r in reqs:
+            consumed, emitted = r.grammar.committed_tokens, r.output_token_ids
+            assert r.grammar.depth == 0
+            assert consumed == emitted[: len(consumed)], (consumed, emitted)
+            assert len(consumed) == len(emitted) or (r.finished and len(consumed) == len(emitted) - 1)
+        return outputs
+    eng.step = step_and_check
+    return llm
+
+
 def spec_llm(target, method, draft=None, k=3):
     cfg = engine_config(str(target))
     cfg.speculative = SpeculativeConfig(method=method, draft_model=str(draft) if draft else None,
                                         num_speculative_tokens=k, policy="fixed")
-    return LLM(config=cfg, progress=False)
+    return checked(LLM(config=cfg, progress=False))
 
 
 @pytest.fixture(scope="module")
 def plain(tiny_qwen):
-    return LLM(config=engine_config(str(tiny_qwen)), progress=False)
+    return checked(LLM(config=engine_config(str(tiny_qwen)), progress=False))
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +136,12 @@ def test_sampled_constrained_output_is_distributed_as_plain(tiny_qwen, tiny_llam
     must match plain constrained sampling (chi-square, fixed seeds)."""
     options = ["ab", "ba", "abc", "cab", "bca", "c"]
     so = StructuredOutput("choice", options)
-    plain = LLM(config=engine_config(str(tiny_qwen), max_batch_size=64, max_queued_requests=1024), progress=False)
+    plain = checked(LLM(config=engine_config(str(tiny_qwen), max_batch_size=64, max_queued_requests=1024),
+                        progress=False))
     cfg = engine_config(str(tiny_qwen), max_batch_size=64, max_queued_requests=1024)
     cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
                                         policy="fixed")
-    spec = LLM(config=cfg, progress=False)
+    spec = checked(LLM(config=cfg, progress=False))
     n = 600
     counts = {}
     for name, llm, offset in (("plain", plain, 0), ("spec", spec, 10_000)):
@@ -169,22 +188,22 @@ def test_unconstrained_neighbours_are_untouched(plain):
     assert all(o.stats.structured is None and o.stats.num_masks == 0 for o in alone)
 
 
-def test_constrain_masks_each_row_after_the_drafts_before_it(plain):
+def test_mask_rows_masks_each_row_after_the_drafts_before_it(plain):
     """Designed logits: row j is masked with the state after drafts[:j]; a forbidden draft stops the
-    advance, and settle leaves the matcher on the emitted tokens."""
+    advance; the lookahead leaves the state where it was, and commit moves it over the emitted tokens."""
     tok = plain.tokenizer
     compiler = GrammarCompiler(tok)
     m = compiler.matcher(StructuredOutput("choice", ["abc", "abd"]))
     a, b, c, d, x = (tok.encode(ch, add_special_tokens=False)[0] for ch in "abcdx")
     rows = torch.zeros(4, tok.vocab_size)
-    masked, consumed = constrain(m, rows, [a, b, x])
-    assert consumed == 2
+    masked = m.mask_rows(rows, [a, b, x])
+    assert m.depth == 0 and m.committed_tokens == [] and m.valid_prefix([a]) == 1
     assert torch.isfinite(masked[0]).nonzero().flatten().tolist() == [a]
     assert torch.isfinite(masked[1]).nonzero().flatten().tolist() == [b]
     assert sorted(torch.isfinite(masked[2]).nonzero().flatten().tolist()) == sorted([c, d])
     assert torch.isfinite(masked[3]).all()          # after the forbidden draft: never used
-    settle(m, consumed, 2, d)                       # a, b accepted, then d
-    assert m.is_accepting
+    m.commit([a, b, d])                             # a, b accepted, then d
+    assert m.is_accepting and m.committed_tokens == [a, b, d]
     assert m.valid_prefix([c]) == 0
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from conftest import engine_config
-from specdec.config import SpeculativeConfig
+from specdec.config import SpeculativeConfig, SuffixConfig
 from specdec.llm import LLM
 from specdec.request import Request, SpecOptions
 from specdec.sampling_params import SamplingParams
-from specdec.speculation.proposers.pricing import best_prefix, expected_tokens, step_costs
+from specdec.speculation.costs import step_costs
+from specdec.speculation.policy import best_k, expected_tokens
 from specdec.speculation.proposers.suffix import SuffixProposer
 from specdec.speculation.proposers.suffix_cache import DraftLimits, SuffixCache, SuffixIndex
 
@@ -68,9 +69,9 @@ def test_the_shared_cache_keeps_to_its_budget():
 
 def test_pricing_keeps_drafts_only_where_they_pay():
     costs = [1.0 + 0.3 * m for m in range(9)]    # every verified row costs 0.3 of a step
-    assert best_prefix([1.0] * 8, costs, 0.03)[0] == 8
-    assert best_prefix([0.2] * 8, costs, 0.03)[0] == 0
-    assert 0 < best_prefix([0.9, 0.9, 0.9, 0.2, 0.2], costs, 0.03)[0] <= 3
+    assert best_k([1.0] * 8, costs, 0.03)[0] == 8
+    assert best_k([0.2] * 8, costs, 0.03)[0] == 0
+    assert 0 < best_k([0.9, 0.9, 0.9, 0.2, 0.2], costs, 0.03)[0] <= 3
     assert expected_tokens([0.5, 0.5]) == pytest.approx(1.75)
     assert step_costs(None, 1, 2, 0.1) == pytest.approx([1.0, 1.1, 1.2])
 
@@ -83,13 +84,14 @@ class _Table:
 def test_the_proposer_reads_other_requests_outputs_only_as_drafts():
     cache = SuffixCache(1000)
     cache.add("earlier", [40, 41, 42, 43, 44, 45, 46, 47])
-    proposer = SuffixProposer(cache, SpeculativeConfig(method="suffix", suffix_spec_factor=4.0), _Table())
+    spec = SpeculativeConfig(method="suffix", suffix=SuffixConfig(spec_factor=4.0))
+    proposer = SuffixProposer(cache, spec, _Table())
     req = Request("now", None, [7, 8, 40, 41, 42], SamplingParams())
-    drafts = proposer.propose([req], [4])
+    drafts = proposer.propose([req], [4], [4])
     assert drafts.proposals[0].token_ids == [43, 44, 45, 46] and drafts.proposals[0].free
     assert req.all_token_ids == [7, 8, 40, 41, 42]      # nothing written into the request
     proposer.on_verified(req, 4, 4)
-    assert proposer.hits[1] == 4.0                       # a match of three: the bucket of 2-3
+    assert proposer.calibration[1].hits == 4.0           # a match of three: the bucket of 2-3
 
 
 def _suffix_llm(model: str, **spec) -> LLM:
@@ -159,8 +161,8 @@ def test_a_model_reference_can_name_the_new_kinds():
     spec = resolve_config(SpeculativeConfig(draft_model="hybrid:qwen2.5-coder-0.5b-instruct"))
     assert (spec.method, spec.draft_model) == ("hybrid", "qwen2.5-coder-0.5b-instruct")
     assert resolve_config(SpeculativeConfig(draft_model="hybrid")).draft_model is None
-    with pytest.raises(ValueError, match="suffix_min_prob"):
-        SpeculativeConfig(method="suffix", suffix_min_prob=1.5)
+    with pytest.raises(ValueError, match=r"suffix\.min_prob"):
+        SpeculativeConfig(method="suffix", suffix=SuffixConfig(min_prob=1.5))
 
 
 def test_hybrid_sampled_batch_mixes_free_and_model_drafts(tiny_qwen, tiny_llama):

@@ -172,7 +172,7 @@ def run_kld(a) -> dict:
     from specdec.models.loader import resolve
 
     modes = ["float32"] + [m for m in a.modes.split(",") if m != "float32"]
-    _, gguf = resolve(a.model)
+    _, gguf = resolve(a.model, pull=True)  # the CLI pulls on first use
     llms = _engines(a, modes)
     engines = {m: llm.engine for m, llm in llms.items()}
     tok = llms["float32"].tokenizer

@@ -143,7 +143,7 @@ def _install_missing(names: list[str]) -> dict[str, str]:
 
 def _make_peer(name: str, target_path: Path, draft_path: Path | None, num_threads: int, n_ctx: int, k: int) -> Peer:
     from specdec.bench import llama_cpp_peer, openvino_peer
-    from specdec.config import SpeculativeConfig
+    from specdec.config import NgramConfig
     if name == "transformers":
         return TransformersPeer(name, target_path, num_threads)
     if name == "transformers_assisted":
@@ -151,7 +151,7 @@ def _make_peer(name: str, target_path: Path, draft_path: Path | None, num_thread
     if name.startswith("openvino"):
         # prompt lookup's longest n-gram: our ngram arm's default
         return openvino_peer.OpenVinoPeer(name, target_path, num_threads, draft_path, num_assistant_tokens=k,
-                                          max_ngram_size=SpeculativeConfig.ngram_max)
+                                          max_ngram_size=NgramConfig.max_n)
     return llama_cpp_peer.LlamaCppPeer(name, target_path, num_threads, n_ctx, lookup=name == "llama.cpp_lookup",
                                        num_pred_tokens=k)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specdec.config import DEFAULT_TARGET, PRECISIONS
 from specdec.prompts import SETS, read_set
-from specdec.speculation.costs import predicted_speedup
+from specdec.speculation.policy import predicted_speedup
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +56,7 @@ def parse_candidate(spec: str) -> tuple[str, dict]:
                 lo, hi = (int(x) for x in spec.split(":", 1)[1].split("-"))
             except ValueError:
                 raise ValueError(f"bad n-gram setting {spec!r}: expected ngram:MIN-MAX, e.g. ngram:1-4") from None
-        return "ngram", {"ngram_min": lo, "ngram_max": hi}
+        return "ngram", {"ngram": {"min_n": lo, "max_n": hi}}
     return "draft_model", {"draft_model": spec}
 
 
@@ -85,11 +85,12 @@ def run_profile(a: argparse.Namespace) -> dict:
         raise ValueError(f"unknown sets {bad}; choose from {', '.join(SETS)}")
     drafts = a.drafts.split(",") if a.drafts else [d for d in (default_draft(a.model), "ngram", "suffix") if d]
     candidates = [(spec, *parse_candidate(spec)) for spec in drafts]
-    target = load_model(a.model, a.precision, a.device, progress=True)
+    target = load_model(a.model, a.precision, a.device, progress=True, pull=True)
     for _, method, kw in candidates:  # the hybrid's default model: the registry's draft
         if "draft_model" in kw and kw["draft_model"] is None:
             kw["draft_model"] = default_draft(target.name)
-    loaded_drafts = {kw["draft_model"]: load_model(kw["draft_model"], a.precision, a.device, progress=True)
+    loaded_drafts = {kw["draft_model"]: load_model(kw["draft_model"], a.precision, a.device, progress=True,
+                                                   pull=True)
                      for _, method, kw in candidates if kw.get("draft_model")}
 
     def engine(spec: SpeculativeConfig | None) -> LLM:

@@ -102,13 +102,14 @@ def run_serve_bench(a) -> dict:
         raise ValueError("arrival rates must be > 0 requests/s")
     arms = _arms(a)
     precision, draft_precision = resolve_precisions(a.model, a.precision, a.device, a.draft, a.draft_precision)
-    target = load_model(a.model, precision, a.device)
+    target = load_model(a.model, precision, a.device, pull=True)
     with_draft = [n for n in ("draft", "hybrid") if n in arms]
     for name in with_draft:
         arms[name].draft_model = arms[name].draft_model or default_draft(target.name)
         if arms[name].draft_model is None:
             raise ValueError(f"{target.name} has no default draft: pass --draft or drop the draft and hybrid arms")
-    draft = load_model(arms[with_draft[0]].draft_model, draft_precision, a.device) if with_draft else None
+    draft = (load_model(arms[with_draft[0]].draft_model, draft_precision, a.device, pull=True)
+             if with_draft else None)
     tok = target.tokenizer
     pool = [p for s in a.sets.split(",") for p in read_set(s)]
     if not a.in_order:

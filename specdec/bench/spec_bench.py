@@ -23,7 +23,7 @@ from pathlib import Path
 from specdec.bench.bandwidth import ceiling, measure_read_bandwidth
 from specdec.contention import Contention
 from specdec.bench.peers import DRAFTED_PEERS, check_peers, make_peers, peer_entry, run_peer
-from specdec.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
+from specdec.config import CacheConfig, DraftConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from specdec.fileio import atomic_write_text
 from specdec.prompts import read_set
 from specdec.sampling_params import SamplingParams
@@ -53,8 +53,8 @@ def _arm_llm(name: str, a, target, draft):
         method, policy = ARMS[name]
         spec = SpeculativeConfig(method=method, draft_model=draft.name if _needs_draft(name) else None,
                                  num_speculative_tokens=a.k, policy=policy,
-                                 draft_vocab_size=SUBVOCAB_SIZE if "subvocab" in name else None,
-                                 draft_precision=draft.precision if draft else None)
+                                 draft=DraftConfig(vocab_size=SUBVOCAB_SIZE if "subvocab" in name else None,
+                                                   precision=draft.precision if draft else None))
     cfg = EngineConfig(model=ModelConfig(model=target.name, precision=target.precision, device=a.device,
                                          num_threads=a.threads),
                        # no prefix cache: every run prefills its prompt, as every peer's run does
@@ -82,7 +82,7 @@ def run_spec_bench(a) -> dict:
     check_peers(peer_names, a.install_peers)  # before minutes of loading
     precision, draft_precision = resolve_precisions(a.model, a.precision, a.device, a.draft, a.draft_precision)
     t0 = time.perf_counter()
-    target = load_model(a.model, precision, a.device)
+    target = load_model(a.model, precision, a.device, pull=True)
     load_seconds = time.perf_counter() - t0
     draft_name = a.draft or default_draft(target.name)
     needs_draft = any(_needs_draft(x) for x in arms)
@@ -90,7 +90,7 @@ def run_spec_bench(a) -> dict:
     if (needs_draft or drafted_peers) and not draft_name:
         raise ValueError(f"{a.model} has no default draft: pass --draft or drop the draft arms and "
                          f"{', '.join(DRAFTED_PEERS)}")
-    draft = load_model(draft_name, draft_precision, a.device) if needs_draft else None
+    draft = load_model(draft_name, draft_precision, a.device, pull=True) if needs_draft else None
     llms = {name: _arm_llm(name, a, target, draft) for name in arms}
     tok = target.tokenizer
     prompts = {s: [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
@@ -100,7 +100,7 @@ def run_spec_bench(a) -> dict:
     roof = ceiling(measure_read_bandwidth(num_threads=num_threads), target.weights, target.config.tie_embeddings,
                    target.path)
     n_ctx = max(len(ids) for v in prompts.values() for ids in v) + a.max_tokens + a.k + 64
-    draft_path = resolve(draft_name)[1] if drafted_peers else None
+    draft_path = resolve(draft_name, pull=True)[1] if drafted_peers else None
     peers = make_peers(peer_names, target.path, draft_path, num_threads, n_ctx, a.k, a.install_peers)
     names = arms + peer_names
     try:

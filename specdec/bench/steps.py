@@ -62,7 +62,7 @@ def _weights(name: str, precision: str, device: torch.device) -> tuple[LlamaConf
     if device.type != "cpu":
         raise ValueError(f"precision {precision} runs on the CPU only")
     from specdec.models.loader import load_model
-    loaded = load_model(name, precision, "cpu", progress=False)
+    loaded = load_model(name, precision, "cpu", progress=False, pull=True)
     return loaded.config, loaded.weights
 
 

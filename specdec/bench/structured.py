@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
+from specdec.config import CacheConfig, DraftConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from specdec.contention import Contention
 from specdec.fileio import atomic_write_text
 from specdec.request import SpecOptions
@@ -76,7 +76,7 @@ def _llm(arm: str, a, target, draft):
     if method is not None:
         spec = SpeculativeConfig(method=method, draft_model=draft.name if method in ("draft_model", "hybrid") else None,
                                  num_speculative_tokens=a.k, policy="cost_model",
-                                 draft_precision=draft.precision if draft else None)
+                                 draft=DraftConfig(precision=draft.precision if draft else None))
     cfg = EngineConfig(model=ModelConfig(model=target.name, precision=target.precision, device=a.device,
                                          num_threads=a.threads),
                        # no prefix cache: every run prefills its prompt (the arms see the same work)
@@ -154,9 +154,10 @@ def run_structured_bench(a) -> dict:
     path = Path(a.prompts_file) if a.prompts_file else set_path("structured")
     items = read_items(path)[: a.num_prompts or None]
     precision, draft_precision = resolve_precisions(a.model, a.precision, a.device, a.draft, a.draft_precision)
-    target = load_model(a.model, precision, a.device)
+    target = load_model(a.model, precision, a.device, pull=True)
     needs_draft = any(ARMS[x] in ("draft_model", "hybrid") for x in arms)
-    draft = load_model(a.draft or default_draft(target.name), draft_precision, a.device) if needs_draft else None
+    draft = (load_model(a.draft or default_draft(target.name), draft_precision, a.device, pull=True)
+             if needs_draft else None)
     llms = {arm: _llm(arm, a, target, draft) for arm in arms}
     tok = target.tokenizer
     jobs = []

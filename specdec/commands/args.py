@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.config import DEFAULT_TARGET, PRECISION_CHOICES, PRECISIONS, SPEC_POLICIES, ModelConfig, SpeculativeConfig
+from specdec.catalog import default_draft
+from specdec.config import (
+    DEFAULT_TARGET,
+    PRECISION_CHOICES,
+    PRECISIONS,
+    SPEC_POLICIES,
+    ControllerConfig,
+    DraftConfig,
+    EngineConfig,
+    ModelConfig,
+    SpeculativeConfig,
+)
 from specdec.sampling_params import SamplingParams
 from specdec.speculation import registry
 
@@ -74,7 +85,6 @@ def speculative_config(a: argparse.Namespace, model: str | None = None) -> Specu
     """The SpeculativeConfig the flags ask for (None: --no-spec); with no flag, the registry's
     default draft for a registry target, otherwise n-gram lookup. `model`: the target (default
     --model). Raises ValueError for a kind that needs a model when the target has no default draft."""
-    from specdec.models.registry import default_draft
     model = model or a.model
     if a.no_spec:
         if a.draft:
@@ -95,8 +105,9 @@ def speculative_config(a: argparse.Namespace, model: str | None = None) -> Specu
     return SpeculativeConfig(method=method, draft_model=draft,
                              num_speculative_tokens=(SpeculativeConfig.num_speculative_tokens
                                                      if a.num_speculative_tokens is None else a.num_speculative_tokens),
-                             policy=a.spec_policy or SpeculativeConfig.policy, deterministic=a.spec_deterministic,
-                             draft_vocab_size=a.draft_vocab, draft_precision=a.draft_precision)
+                             policy=a.spec_policy or SpeculativeConfig.policy,
+                             controller=ControllerConfig(deterministic=a.spec_deterministic),
+                             draft=DraftConfig(precision=a.draft_precision, vocab_size=a.draft_vocab))
 
 
 def describe_speculation(spec: SpeculativeConfig | None) -> str:
@@ -104,6 +115,34 @@ def describe_speculation(spec: SpeculativeConfig | None) -> str:
     if spec is None:
         return "speculation: off (plain decoding)"
     kind = registry.get(spec.method)
-    what = (f"draft model {spec.draft_model} ({spec.draft_precision or 'the target precision'})" if kind.needs_model
+    what = (f"draft model {spec.draft_model} ({spec.draft.precision or 'the target precision'})" if kind.needs_model
             else kind.description)
     return f"speculation: {what}, k={spec.num_speculative_tokens}, policy={spec.policy}"
+
+
+def config_models(config: EngineConfig) -> list[str]:
+    """Every model reference an engine built from `config` loads: the target, its draft (the
+    registry's default when the method needs one and none is named) and the extra drafts."""
+    models = [config.model.model]
+    spec = config.speculative
+    if spec is not None:
+        if registry.get(spec.method).needs_model:
+            models.append(spec.draft_model or default_draft(config.model.model))
+        models += spec.draft.extra_models
+    return [m for m in dict.fromkeys(models) if m]
+
+
+def pull_on_first_use(models: list[str | None]) -> None:
+    """Pull the registry models named that are not in the cache yet, one stderr line each (the CLI
+    pulls on first use, as `ollama run` does; the server and the library never install)."""
+    from specdec.models.loader import pull_on_first_use as pull
+    for model in dict.fromkeys(m for m in models if m):
+        pull(model)
+
+
+def check_pulled(models: list[str]) -> None:
+    """Raise ModelNotPulledError (a ValueError: one line, exit 2) for the first registry model
+    named that was never pulled: a server installs nothing, at start or later."""
+    from specdec.models.loader import check_pulled as check
+    for model in models:
+        check(model)

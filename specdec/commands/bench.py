@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.commands.args import DRAFT_PRECISION_HELP, add_model_args
+from specdec.catalog import default_draft
+from specdec.commands.args import DRAFT_PRECISION_HELP, add_model_args, pull_on_first_use
 from specdec.config import PRECISIONS, SPEC_POLICIES
 from specdec.prompts import SETS, set_path
 
@@ -116,8 +117,19 @@ def _with_mode_defaults(a: argparse.Namespace) -> argparse.Namespace:
                                  "num_prompts": a.num_prompts if a.num_prompts is not None else _NUM_PROMPTS.get(a.mode, 3)})
 
 
+def _pull_models(a: argparse.Namespace) -> None:
+    """The models a mode runs, pulled on first use (the CLI may install; a server it starts may not).
+    steps and threads time random weights (steps pulls what its int4 modes load itself)."""
+    if a.mode in ("steps", "threads"):
+        return
+    # soak's `specdec serve` speculates with the target's default draft unless --draft names one
+    default = default_draft(a.model) if a.mode == "soak" else None
+    pull_on_first_use([a.model, a.draft or default])
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     a = _with_mode_defaults(a)
+    _pull_models(a)
     if a.mode == "decode":
         from specdec.bench.decode import run_decode_bench
         run_decode_bench(a)

@@ -12,7 +12,9 @@ from specdec.commands.args import (
     add_model_args,
     add_sampling_args,
     add_spec_args,
+    config_models,
     describe_speculation,
+    pull_on_first_use,
     sampling_params,
     speculative_config,
 )
@@ -58,7 +60,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if not prompts:
         raise ValueError("no prompt given")
     params = dataclasses.replace(sampling_params(a), structured=structured_output(a))
-    llm = LLM(config=engine_config(a, speculative_config(a)))
+    config = engine_config(a, speculative_config(a))
+    pull_on_first_use(config_models(config))  # the CLI may install; the engine itself never does
+    llm = LLM(config=config)
     eng = llm.engine
     print(f"model {eng.loaded.name} ({eng.precision}, {a.device}) loaded in {eng.loaded.load_seconds:.1f}s",
           file=sys.stderr)

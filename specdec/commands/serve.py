@@ -7,7 +7,14 @@ import dataclasses
 import os
 import sys
 
-from specdec.commands.args import add_model_args, add_spec_args, describe_speculation, speculative_config
+from specdec.commands.args import (
+    add_model_args,
+    add_spec_args,
+    check_pulled,
+    config_models,
+    describe_speculation,
+    speculative_config,
+)
 from specdec.config import (
     CacheConfig,
     EngineConfig,
@@ -75,13 +82,16 @@ def _speculative(a: argparse.Namespace, base: SpeculativeConfig | None, model: s
     if a.config is None or a.no_spec or a.draft or a.spec:
         spec = speculative_config(a, model)
     elif spec is not None:
-        given = {"num_speculative_tokens": a.num_speculative_tokens, "policy": a.spec_policy,
-                 "draft_precision": a.draft_precision}
+        given = {"num_speculative_tokens": a.num_speculative_tokens, "policy": a.spec_policy}
         spec = dataclasses.replace(spec, **{k: v for k, v in given.items() if v is not None})
+        if a.draft_precision is not None:
+            spec = dataclasses.replace(spec, draft=dataclasses.replace(spec.draft, precision=a.draft_precision))
     if a.router or a.extra_draft:
         if spec is None:
             raise ValueError("--router / --extra-draft need speculation (drop --no-spec)")
-        spec = dataclasses.replace(spec, router=spec.router or a.router, extra_drafts=spec.extra_drafts + a.extra_draft)
+        spec = dataclasses.replace(
+            spec, router=dataclasses.replace(spec.router, enabled=spec.router.enabled or a.router),
+            draft=dataclasses.replace(spec.draft, extra_models=spec.draft.extra_models + a.extra_draft))
     return spec
 
 
@@ -115,6 +125,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from specdec.server.async_engine import AsyncEngine
     from specdec.server.lifecycle import DrainingServer, JSONErrorsH11
     engine_cfg, server_cfg, serving = serve_configs(a)
+    check_pulled(config_models(engine_cfg))  # a server installs nothing: say which pull is missing, exit 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if serving.on_ray:
         from specdec.serve_ray.launch import run

@@ -1,7 +1,7 @@
 """KVCacheManager: per-request block tables over one BlockPool.
 
 Paired verbs: `can_allocate` / `allocate` (append slots), `rollback` (drop the last n slots, e.g.
-rejected draft tokens), `fork` (share blocks, copy-on-write on the next write), `free`. `commit`
+rejected draft tokens), `can_fork` / `fork` (share blocks, copy-on-write on the next write), `free`. `commit`
 hashes blocks whose tokens are all committed; a hashed block is never rolled back or written again,
 so it can be shared through the prefix cache.
 """
@@ -112,14 +112,24 @@ class KVCacheManager:
             if self.pool.block_hash[table[i]] is None:
                 self.pool.cache_block(table[i], h)
 
-    def fork(self, parent_id: str, child_id: str) -> None:
-        """The child shares every block of the parent; its first write copies the shared partial block."""
+    def fork(self, parent_id: str, child_id: str, num_tokens: int | None = None) -> None:
+        """The child shares the parent's blocks holding its first num_tokens slots (default: all);
+        its first write copies the shared partial block (parallel sampling: n choices, one prompt)."""
         assert child_id not in self.block_tables
-        table = list(self.block_tables[parent_id])
+        n = self.num_slots[parent_id] if num_tokens is None else num_tokens
+        assert n <= self.num_slots[parent_id]
+        table = self.block_tables[parent_id][: cdiv(n, self.block_size)]
         self.pool.touch(table)
-        self.block_tables[child_id] = table
-        self.num_slots[child_id] = self.num_slots[parent_id]
-        self.block_hashes[child_id] = list(self.block_hashes[parent_id])
+        self.block_tables[child_id] = list(table)
+        self.num_slots[child_id] = n
+        self.block_hashes[child_id] = self.block_hashes[parent_id][: n // self.block_size]
+
+    def can_fork(self, parent_id: str, num_tokens: int, num_new_tokens: int) -> bool:
+        """Room for a fork of the parent's first num_tokens slots, then num_new_tokens more."""
+        bs = self.block_size
+        copy = 1 if num_tokens % bs else 0   # the shared partial block is copied on the first write
+        need = cdiv(num_tokens + num_new_tokens, bs) - cdiv(num_tokens, bs) + copy
+        return need <= self.pool.num_free_blocks()
 
     def free(self, request_id: str) -> None:
         table = self.block_tables.pop(request_id, None)

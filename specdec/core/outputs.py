@@ -7,6 +7,26 @@ import torch
 
 
 @dataclass
+class RequestDrafts:
+    """One request's drafts for a step, as proposed."""
+    token_ids: list[int]
+    probs: torch.Tensor | None = None   # [len(token_ids), vocab'] the distributions they came from; None: one-hot
+    num_forced: int = 0                 # the leading ones its grammar forced (one-hot)
+    free: bool = False                  # from a lookup, no draft forward
+
+
+@dataclass
+class DraftBatch:
+    """What the proposers offer this step, by request id. The scheduler keeps a prefix of each
+    (what fits) and puts it into its output; verification reads the kept drafts from there."""
+    by_request: dict[str, RequestDrafts] = field(default_factory=dict)
+
+    def token_ids(self, request_id: str) -> list[int]:
+        drafts = self.by_request.get(request_id)
+        return drafts.token_ids if drafts is not None else []
+
+
+@dataclass
 class ScheduledChunk:
     """One request's share of a step: the tokens whose K/V this forward computes."""
     request_id: str
@@ -14,11 +34,11 @@ class ScheduledChunk:
     start_position: int      # num_computed_tokens before this step
     block_ids: list[int]     # the request's whole block table
     num_logits: int          # logits for the last num_logits tokens (0: a prefill chunk mid-prompt)
+    draft_token_ids: list[int] = field(default_factory=list)  # the drafts scheduled for verification
 
     @property
     def num_drafts(self) -> int:
-        """Scheduled draft slots: every logit row but the one after the last committed token."""
-        return max(self.num_logits - 1, 0)
+        return len(self.draft_token_ids)
 
 
 @dataclass

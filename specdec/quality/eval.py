@@ -132,11 +132,12 @@ def _build_llms(a: argparse.Namespace, arms: list[Arm]) -> tuple[dict[str, LLM],
     from specdec.models.registry import default_draft
 
     t0 = time.perf_counter()
-    targets = {p: load_model(a.model, p, a.device, progress=False) for p in dict.fromkeys(x.precision for x in arms)}
+    targets = {p: load_model(a.model, p, a.device, progress=False, pull=True)
+               for p in dict.fromkeys(x.precision for x in arms)}
     draft_name = a.draft or default_draft(targets["float32"].name)
     if any(x.method == "draft_model" for x in arms) and not draft_name:
         raise ValueError(f"{a.model} has no default draft: pass --draft or drop the draft_model candidates")
-    drafts = {p: load_model(draft_name, p, a.device, progress=False)
+    drafts = {p: load_model(draft_name, p, a.device, progress=False, pull=True)
               for p in dict.fromkeys(x.precision for x in arms if x.method == "draft_model")}
     llms = {}
     for arm in arms:

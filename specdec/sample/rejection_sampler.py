@@ -1,4 +1,4 @@
-"""Exact speculative sampling as one pure tensor function.
+"""Exact speculative sampling as one pure tensor function over flattened rows.
 
 Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding") and Chen et al.
 2023 ("Accelerating LLM Decoding with Speculative Sampling"): for draft token x_i proposed from q_i,
@@ -8,77 +8,98 @@ Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decodin
   * bonus:     when all k drafts are kept, one more token is drawn from p_{k+1}.
 
 The output is distributed exactly as k + 1 sequential draws from the target, for any q. Greedy rows
-keep drafts while they equal the target's argmax, then emit the argmax. Randomness comes in as
-tensors (so callers control generators and tests can vectorize a million rows); draws from a
-distribution use the exponential race argmax(p / E), E ~ Exp(1), which samples exactly p.
+keep drafts while they equal the target's argmax, then emit the argmax.
+
+Rows are flat, as the target returns them: request r owns num_drafts[r] + 1 consecutive target rows
+(one per draft, then the bonus position) and num_drafts[r] consecutive draft entries. Randomness
+comes in as tensors (callers control generators; tests vectorize a million rows): one uniform per
+draft for its acceptance test and one per request for its final token, drawn by inverting the
+cumulative distribution (in float64, so a token of probability 0 is never hit). Only the one final
+row per request is ever turned into a full distribution: no [rows, vocab] residual or noise.
 """
 from __future__ import annotations
 
 import torch
 
-_BROKEN_MODES = (None, "always_accept", "resample_from_p")  # the last two exist for tests only
-
 
 def rejection_sample(
-    draft_token_ids: torch.Tensor,   # [num_reqs, max_k] int64; entries past a row's num_draft are ignored
-    num_draft: torch.Tensor,         # [num_reqs] int64, 0 <= num_draft <= max_k
-    draft_probs: torch.Tensor | None,  # [num_reqs, max_k, vocab]; None: one-hot drafts (n-gram)
-    target_logits: torch.Tensor,     # [num_reqs, max_k + 1, vocab] processed (penalties, temperature, filters)
-    is_greedy: torch.Tensor,         # [num_reqs] bool
-    uniforms: torch.Tensor,          # [num_reqs, max_k] in [0, 1)
-    exp_noise: torch.Tensor,         # [num_reqs, max_k + 1, vocab] Exp(1) draws
-    *,
-    _test_mode: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (output_token_ids [num_reqs, max_k + 1] padded with -1, num_accepted [num_reqs]).
-    Row r emits num_accepted[r] drafts followed by one recovered or bonus token."""
-    assert _test_mode in _BROKEN_MODES
-    num_reqs, max_k = draft_token_ids.shape
-    positions = torch.arange(max_k, device=draft_token_ids.device)
-    valid = positions[None, :] < num_draft[:, None]                        # [num_reqs, max_k]
-    drafts = draft_token_ids.clamp(min=0)
+    draft_token_ids: torch.Tensor,     # [num_drafts_total] int64
+    num_drafts: torch.Tensor,          # [num_reqs] int64
+    draft_probs: torch.Tensor | None,  # [num_drafts_total, vocab] the distributions drafts came from; None: one-hot
+    target_logits: torch.Tensor,       # [num_drafts_total + num_reqs, vocab] processed (penalties, temperature, filters)
+    is_greedy: torch.Tensor,           # [num_reqs] bool
+    uniforms: torch.Tensor,            # [num_drafts_total] in [0, 1)
+    final_uniforms: torch.Tensor,      # [num_reqs] in [0, 1)
+) -> tuple[list[list[int]], torch.Tensor]:
+    """Returns (each request's emitted tokens: its accepted drafts then one recovered or bonus
+    token, num_accepted [num_reqs])."""
+    num_reqs = num_drafts.shape[0]
+    req_of_draft = torch.repeat_interleave(torch.arange(num_reqs), num_drafts)      # [T]
+    first_draft = torch.cumsum(num_drafts, 0) - num_drafts                         # [n]
+    first_row = first_draft + torch.arange(num_reqs)                                # [n]
+    draft_rows = first_row[req_of_draft] + (torch.arange(len(req_of_draft)) - first_draft[req_of_draft])
+    accept = _accepted(draft_token_ids, draft_rows, draft_probs, target_logits, is_greedy[req_of_draft], uniforms)
+    num_accepted = _leading_true(accept, req_of_draft, num_drafts)
+    final_rows = first_row + num_accepted
+    final = _final_tokens(target_logits[final_rows], num_accepted < num_drafts, first_draft + num_accepted,
+                          draft_token_ids, draft_probs, is_greedy, final_uniforms)
+    drafts, finals, counts = draft_token_ids.tolist(), final.tolist(), num_accepted.tolist()
+    starts = first_draft.tolist()
+    tokens = [drafts[s:s + a] + [f] for s, a, f in zip(starts, counts, finals)]
+    return tokens, num_accepted
 
-    target_probs = torch.softmax(target_logits, dim=-1)                    # [num_reqs, max_k + 1, vocab]
-    p_draft = target_probs[:, :max_k].gather(-1, drafts[..., None])[..., 0]  # [num_reqs, max_k]
-    if draft_probs is None:
-        q_draft = torch.ones_like(p_draft)
-    else:
-        q_draft = draft_probs.gather(-1, drafts[..., None])[..., 0]
-    accept_random = uniforms * q_draft < p_draft
-    if _test_mode == "always_accept":
-        accept_random = torch.ones_like(accept_random)
-    target_argmax = target_logits.argmax(dim=-1)                           # [num_reqs, max_k + 1]
-    accept_greedy = drafts == target_argmax[:, :max_k]
-    accept = torch.where(is_greedy[:, None], accept_greedy, accept_random) & valid
-    num_accepted = accept.long().cumprod(dim=-1).sum(dim=-1)               # [num_reqs]
 
-    # the distribution of the final token: residual at a rejected position, p after the last draft
-    if draft_probs is None:
-        q_full = torch.zeros_like(target_probs[:, :max_k]).scatter_(-1, drafts[..., None], 1.0)
-    else:
-        q_full = draft_probs
-    residual = (target_probs[:, :max_k] - q_full).clamp(min=0)            # [num_reqs, max_k, vocab]
-    if _test_mode == "resample_from_p":
-        residual = target_probs[:, :max_k]
-    empty = residual.sum(-1, keepdim=True) <= 0                            # p == q: never rejected, but be safe
-    residual = torch.where(empty, target_probs[:, :max_k], residual)
-    final_dist = torch.cat([residual, target_probs[:, max_k:]], dim=1)     # [num_reqs, max_k + 1, vocab]
-    idx = num_accepted[:, None, None].expand(-1, 1, final_dist.shape[-1])
-    dist = final_dist.gather(1, idx)[:, 0]                                  # [num_reqs, vocab]
-    # for a row stopping at position j < num_draft the residual applies; at num_draft (all accepted
-    # or k = 0) the row's own next-position probabilities apply
-    all_kept = num_accepted == num_draft
-    p_next = target_probs.gather(1, num_draft[:, None, None].expand(-1, 1, target_probs.shape[-1]))[:, 0]
-    dist = torch.where(all_kept[:, None], p_next, dist)
-    noise = exp_noise.gather(1, num_accepted[:, None, None].expand(-1, 1, exp_noise.shape[-1]))[:, 0]
-    # a token of probability 0 never wins, even against an Exp(1) draw of exactly 0 (float32
-    # generators produce them now and then): 0 / 0 would be NaN, and argmax picks NaN
-    sampled = torch.where(dist > 0, dist / noise, 0.0).argmax(dim=-1)
-    greedy_final = target_argmax.gather(1, num_accepted[:, None])[:, 0]
-    final = torch.where(is_greedy, greedy_final, sampled)
+def _accepted(drafts: torch.Tensor, rows: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor,
+              greedy: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """[T] bool: each draft passes its own test (greedy: it is the argmax; sampled: u * q < p)."""
+    if drafts.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    accept = torch.zeros(len(drafts), dtype=torch.bool)
+    if bool(greedy.any()):   # the first argmax, as plain greedy decoding takes
+        accept[greedy] = drafts[greedy] == logits[rows[greedy]].argmax(-1)
+    sampled = ~greedy
+    if bool(sampled.any()):
+        row_logits, x = logits[rows[sampled]], drafts[sampled]
+        p = torch.exp(row_logits.gather(-1, x[:, None])[:, 0] - torch.logsumexp(row_logits, -1))
+        q = torch.ones_like(p) if draft_probs is None else draft_probs[sampled].gather(-1, x[:, None])[:, 0]
+        accept[sampled] = uniforms[sampled] * q < p
+    return accept
 
-    out = torch.full((num_reqs, max_k + 1), -1, dtype=torch.long, device=draft_token_ids.device)
-    keep = positions[None, :] < num_accepted[:, None]
-    out[:, :max_k] = torch.where(keep, drafts, out[:, :max_k])
-    out.scatter_(1, num_accepted[:, None], final[:, None])
-    return out, num_accepted
+
+def _leading_true(accept: torch.Tensor, req_of_draft: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
+    """[n]: per request, how many of its drafts are accepted before the first rejection."""
+    num_reqs = num_drafts.shape[0]
+    max_k = int(num_drafts.max()) if num_reqs else 0
+    if max_k == 0:
+        return torch.zeros(num_reqs, dtype=torch.long)
+    padded = torch.zeros(num_reqs, max_k, dtype=torch.long)
+    positions = torch.arange(len(req_of_draft)) - (torch.cumsum(num_drafts, 0) - num_drafts)[req_of_draft]
+    padded[req_of_draft, positions] = accept.long()
+    return padded.cumprod(-1).sum(-1)
+
+
+def _final_tokens(rows: torch.Tensor, rejected: torch.Tensor, rejected_draft: torch.Tensor, drafts: torch.Tensor,
+                  draft_probs: torch.Tensor | None, is_greedy: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """[n]: the token after the accepted drafts. Sampled rows draw from the residual max(0, p - q) at
+    a rejected draft, from p after the last one."""
+    final = rows.argmax(-1)
+    sampled = ~is_greedy
+    if not bool(sampled.any()):
+        return final
+    p = torch.softmax(rows[sampled], -1)
+    which = rejected[sampled]
+    if bool(which.any()):
+        at = rejected_draft[sampled][which]
+        if draft_probs is None:
+            q = torch.zeros_like(p[which]).scatter_(-1, drafts[at][:, None], 1.0)
+        else:
+            q = draft_probs[at]
+        residual = (p[which] - q).clamp(min=0)
+        empty = residual.sum(-1, keepdim=True) <= 0    # p == q: never rejected, but be safe
+        p[which] = torch.where(empty, p[which], residual)
+    # the first token whose cumulative mass passes u * total: a token of probability 0 adds nothing,
+    # so it is never the first to pass
+    cdf = p.double().cumsum(-1)
+    threshold = u[sampled].double() * cdf[:, -1]
+    final[sampled] = torch.searchsorted(cdf, threshold[:, None], right=True)[:, 0].clamp(max=p.shape[-1] - 1)
+    return final

@@ -1,6 +1,6 @@
 """SpecController: how many tokens each request drafts next, and whether it should speculate at all.
 
-Policies (SpeculativeConfig.policy):
+Policies (SpeculativeConfig.policy; the knobs below are SpeculativeConfig.controller's):
   * fixed:      always k = num_speculative_tokens.
   * heuristic:  over the last 10 drafting steps, acceptance > 0.8 -> k + 1, < 0.5 -> k - 1 (min 1).
   * cost_model: choose k maximizing expected tokens per second (Leviathan et al. 2023, "Fast Inference
@@ -11,8 +11,10 @@ Policies (SpeculativeConfig.policy):
     t_draft the measured cost of one draft step and t_verify(n) the measured cost of a target forward
     scoring n tokens per request at the current batch size. k = 0 (plain decoding) unless some k beats
     S(0) by `min_gain` (a prediction within the noise of the measured costs is not worth a draft's
-    switching costs).
-    alpha_j is a Beta-style estimate over discounted counts: (hits_j + m * prior_j) / (trials_j + m),
+    switching costs). The arithmetic is policy.py's (expected_tokens, best_k), shared with the
+    proposers that price their own drafts.
+    alpha_j is a Beta-style estimate over discounted counts (policy.DiscountedRate, decaying by
+    `acceptance_decay`, with m = `prior_strength`): (hits_j + m * prior_j) / (trials_j + m),
     the prior being this draft's acceptance at position j on the request's domain (the router's guess
     of the prompt's kind: code acceptance says little about prose), else over all domains, else (before
     position j was ever reached) the request's own estimate at j - 1, so a new request starts from what
@@ -59,18 +61,17 @@ from dataclasses import dataclass, field
 from specdec.config import SpeculativeConfig
 from specdec.quant.layers import ROW_ALIGN
 from specdec.speculation.costs import CostTable
+from specdec.speculation.policy import (ENGINE_ACCEPTANCE, PRIOR_ACCEPTANCE, DiscountedRate, PositionAcceptance,
+                                        Tuning, best_k)
 
 log = logging.getLogger("specdec.speculation")
-_PRIOR_ACCEPTANCE = 0.6   # before this engine has seen any verification
-_DOMAIN_DECAY = 0.99      # per-domain counts forget slowly: they are the prior for new requests
 _REALIZED_WINDOW = 4      # speculative steps whose wall time per token must beat a plain step's
 
 
 @dataclass
 class RequestSpecState:
     k: int
-    hits: list[float]            # discounted accepted count per draft position
-    trials: list[float]          # discounted times each position was reached
+    acceptance: PositionAcceptance   # this request's own discounted counts per draft position
     window: deque = field(default_factory=lambda: deque(maxlen=10))  # (drafted, accepted) per drafting step
     fallback: bool = False
     plain_steps: int = 0        # plain steps since the fallback / last probe
@@ -98,8 +99,10 @@ class SpecController:
         `verify_costs`: the target's forward costs, a table shared with the engine's other
         controllers (default: its own)."""
         self.config = config
-        self.draft_cost_ratio = config.draft_cost_ratio if draft_cost_ratio is None else draft_cost_ratio
+        cfg = config.controller
+        self.draft_cost_ratio = cfg.draft_cost_ratio if draft_cost_ratio is None else draft_cost_ratio
         self.max_k = config.num_speculative_tokens
+        self._request_tuning = Tuning(cfg.acceptance_decay, cfg.prior_strength)
         self.states: dict[str, RequestSpecState] = {}
         # rows in the draft forward -> seconds per step
         self.draft_costs = CostTable(row_align=row_align if draft_row_align is None else draft_row_align)
@@ -108,8 +111,8 @@ class SpecController:
         # k -> EMA of (whole decode step's wall seconds) / (its predicted forward seconds)
         self.step_ratio: dict[int, float] = {}
         self._last_spec_ratio: float | None = None
-        # domain -> (hits, trials) per draft position, over every request of that domain
-        self.domain_counts: dict[str | None, tuple[list[float], list[float]]] = {}
+        # domain -> acceptance per draft position over every request of that domain: new requests' prior
+        self.domain_counts: dict[str | None, PositionAcceptance] = {}
         self.num_fallbacks = 0
         self.num_reprobes = 0
         self.num_resumes = 0
@@ -118,28 +121,31 @@ class SpecController:
         st = self.states.get(request_id)
         if st is None:
             k = self.max_k if self.config.policy != "heuristic" else max(1, self.max_k // 2)
-            st = self.states[request_id] = RequestSpecState(k, [0.0] * self.max_k, [0.0] * self.max_k, domain=domain)
+            st = self.states[request_id] = RequestSpecState(
+                k, PositionAcceptance(self.max_k, self._request_tuning), domain=domain)
         return st
 
-    def _counts(self, domain: str | None) -> tuple[list[float], list[float]]:
-        return self.domain_counts.setdefault(domain, ([0.0] * self.max_k, [0.0] * self.max_k))
+    def _counts(self, domain: str | None) -> PositionAcceptance:
+        counts = self.domain_counts.get(domain)
+        if counts is None:
+            counts = self.domain_counts[domain] = PositionAcceptance(self.max_k, ENGINE_ACCEPTANCE)
+        return counts
 
     def acceptance(self, request_id: str) -> list[float]:
         """Estimated acceptance at each draft position, given the position is reached."""
         st = self._state(request_id)
-        m = self.config.prior_strength
-        hits, trials = self._counts(st.domain)
-        all_hits = [sum(c[0][j] for c in self.domain_counts.values()) for j in range(self.max_k)]
-        all_trials = [sum(c[1][j] for c in self.domain_counts.values()) for j in range(self.max_k)]
+        domain = self._counts(st.domain).positions
         out: list[float] = []
-        for j in range(self.max_k):
-            if trials[j] >= 1.0:
-                prior = (hits[j] + _PRIOR_ACCEPTANCE) / (trials[j] + 1.0)
-            elif all_trials[j] >= 1.0:
-                prior = (all_hits[j] + _PRIOR_ACCEPTANCE) / (all_trials[j] + 1.0)
+        for j, own in enumerate(st.acceptance.positions):
+            everywhere = DiscountedRate.pooled([c.positions[j] for c in self.domain_counts.values()],
+                                               ENGINE_ACCEPTANCE)
+            if domain[j].trials >= 1.0:
+                prior = domain[j].estimate(PRIOR_ACCEPTANCE)
+            elif everywhere.trials >= 1.0:
+                prior = everywhere.estimate(PRIOR_ACCEPTANCE)
             else:
-                prior = out[-1] if out else _PRIOR_ACCEPTANCE
-            out.append((st.hits[j] + m * prior) / (st.trials[j] + m))
+                prior = out[-1] if out else PRIOR_ACCEPTANCE
+            out.append(own.estimate(prior))
         return out
 
     # ---- decisions ----------------------------------------------------------------------------
@@ -149,13 +155,13 @@ class SpecController:
         `catch_up`: committed tokens the proposer has not processed yet (its one-time prefill);
         `domain`: the prompt's domain guess (read on the request's first call)."""
         st = self._state(request_id, domain)
-        cfg = self.config
+        cfg, policy = self.config.controller, self.config.policy
         if st.disabled or self.max_k == 0:
             return 0
         if st.fallback:
             st.plain_steps += 1
             if st.plain_steps >= self._probe_interval(st) and (
-                    cfg.policy != "cost_model" or self._probe_can_pay(batch_size, remaining, catch_up)):
+                    policy != "cost_model" or self._probe_can_pay(batch_size, remaining, catch_up)):
                 st.plain_steps, st.probing = 0, True
                 self.num_reprobes += 1
                 return min(cfg.reprobe_k, self.max_k)
@@ -165,7 +171,7 @@ class SpecController:
                 st.guard_countdown -= 1
                 return 0
             st.guard_countdown = cfg.plain_interval_steps
-        if cfg.policy != "cost_model":
+        if policy != "cost_model":
             return st.k
         if st.hold > 0:  # speculation lost in practice: plain for a while, whatever the prediction
             st.hold -= 1
@@ -177,7 +183,7 @@ class SpecController:
                 k = 0  # the draft's prefill would cost more than speculation can win back
         if k == 0:  # keep learning: probe now and then, while a probe could still pay for itself
             st.plain_steps += 1
-            unexplored = self._counts(st.domain)[1][0] < 1.0
+            unexplored = self._counts(st.domain).positions[0].trials < 1.0
             # on a domain never verified the first probe comes at once: a draft model's catch-up only
             # grows with each plain step, and nothing better than the prior can be learnt by waiting
             if st.plain_steps >= (1 if unexplored and not st.failed_probes else self._probe_interval(st)):
@@ -193,38 +199,30 @@ class SpecController:
     def _probe_interval(self, st: RequestSpecState) -> int:
         """Plain steps before the next probe: `reprobe_interval`, doubled after each probe in a row that
         failed (up to 16 times): a probe verifies k + 1 rows, which on a CPU costs nearly k + 1 steps."""
-        return self.config.reprobe_interval << min(st.failed_probes, 4)
+        return self.config.controller.reprobe_interval << min(st.failed_probes, 4)
 
     def _probe_can_pay(self, batch_size: int, remaining: int | None, catch_up: int) -> bool:
         """Best case for a probe: every draft accepted from now on. That must clear `min_gain` (else the
         costs alone keep k at 0, whatever the probe finds) and save more over the remaining tokens
         than the draft's catch-up prefill costs (the draft must process every token it skipped)."""
-        plain = self._step_cost(0, batch_size)
-        best = min(self._step_cost(k, batch_size) / (k + 1) for k in range(1, self.max_k + 1))
-        if best >= plain * (1 - self.config.min_gain):
+        costs = [self._step_cost(k, batch_size) for k in range(self.max_k + 1)]
+        k, per_token = best_k([1.0] * self.max_k, costs, self.config.controller.min_gain)
+        if k == 0:
             return False
         if remaining is None:
             return True
+        plain, best = per_token[0], per_token[k]
         catch_up_cost = self._catch_up_cost(catch_up, batch_size) if catch_up > 1 else 0.0
         return (plain - best) * remaining > catch_up_cost
 
     def _best_k(self, request_id: str, batch_size: int) -> tuple[int, list[float]]:
         """The k with the highest expected tokens per second, and seconds per token for every k."""
-        alpha = self.acceptance(request_id)
-        best_k, per_token = 0, []
-        for k in range(0, self.max_k + 1):
-            expected, reach = 1.0, 1.0
-            for a in alpha[:k]:
-                reach *= a
-                expected += reach
-            per_token.append(self._step_cost(k, batch_size) / expected)
-            if per_token[k] < min(per_token[best_k], per_token[0] * (1 - self.config.min_gain)) * (1 - 1e-9):
-                best_k = k
-        return best_k, per_token
+        costs = [self._step_cost(k, batch_size) for k in range(self.max_k + 1)]
+        return best_k(self.acceptance(request_id), costs, self.config.controller.min_gain)
 
     def _unit(self, batch_size: int) -> float | None:
         """Seconds of one plain target step at this batch size, once measured."""
-        return None if self.config.deterministic else self.verify_costs.estimate(batch_size)
+        return None if self.config.controller.deterministic else self.verify_costs.estimate(batch_size)
 
     def _step_cost(self, k: int, batch_size: int) -> float:
         """Predicted seconds of a decode step with k drafts: its forwards, scaled by what whole steps
@@ -239,7 +237,7 @@ class SpecController:
         return forwards * ratio
 
     def _forward_cost(self, k: int, batch_size: int) -> float:
-        cfg = self.config
+        cfg = self.config.controller
         unit = self._unit(batch_size)
         if unit is None:  # static model, in units of one target step
             return k * self.draft_cost_ratio + 1.0 + cfg.verify_cost_slope * k
@@ -250,7 +248,7 @@ class SpecController:
         return k * (draft if draft is not None else unit * self.draft_cost_ratio) + verify
 
     def _catch_up_cost(self, tokens: int, batch_size: int) -> float:
-        cfg = self.config
+        cfg = self.config.controller
         unit = self._unit(batch_size)
         if unit is None:
             return tokens * cfg.prefill_cost_ratio * self.draft_cost_ratio
@@ -286,14 +284,8 @@ class SpecController:
         if num_drafted == 0:
             return False
         st = self._state(request_id)
-        decay = self.config.acceptance_decay
-        hits, trials = self._counts(st.domain)
-        for j in range(min(num_drafted, num_accepted + 1)):  # positions reached
-            hit = 1.0 if j < num_accepted else 0.0
-            st.hits[j] = decay * st.hits[j] + hit
-            st.trials[j] = decay * st.trials[j] + 1.0
-            hits[j] = _DOMAIN_DECAY * hits[j] + hit
-            trials[j] = _DOMAIN_DECAY * trials[j] + 1.0
+        st.acceptance.observe(num_drafted, num_accepted)
+        self._counts(st.domain).observe(num_drafted, num_accepted)
         st.window.append((num_drafted, num_accepted))
         if self.config.policy == "heuristic" and len(st.window) == st.window.maxlen:
             rate = _rate(st.window)
@@ -303,14 +295,14 @@ class SpecController:
                 st.k = max(st.k - 1, 1)
         if st.cost_probe:  # judged on the request's acceptance estimate, not one probe's luck
             st.cost_probe = False
-            failed = self.acceptance(request_id)[0] < self.config.acceptance_threshold
+            failed = self.acceptance(request_id)[0] < self.config.controller.acceptance_threshold
             st.failed_probes = st.failed_probes + 1 if failed else 0
         was_fallback = st.fallback
         self._health(request_id, st, num_drafted, num_accepted)
         return st.fallback and not was_fallback
 
     def _health(self, request_id: str, st: RequestSpecState, drafted: int, accepted: int) -> None:
-        cfg = self.config
+        cfg = self.config.controller
         if st.probing:
             st.probing = False
             st.failed_probes += 1
@@ -334,9 +326,6 @@ class SpecController:
         """One draft forward over `rows` tokens."""
         self.draft_costs.record(rows, seconds)
 
-    def record_verify(self, total_rows: int, seconds: float) -> None:
-        self.verify_costs.record(total_rows, seconds)
-
     def record_step(self, k: int, batch_size: int, seconds: float) -> None:
         """A whole decode step (draft, verification, sampling, bookkeeping) in which each of the
         batch's requests ran k drafts with this proposer and none paid a catch-up prefill."""
@@ -346,7 +335,7 @@ class SpecController:
         if predicted <= 0:
             return
         ratio, old = seconds / predicted, self.step_ratio.get(k)
-        alpha = self.config.ema_alpha
+        alpha = self.config.controller.ema_alpha
         self.step_ratio[k] = ratio if old is None else (1 - alpha) * old + alpha * ratio
         if k:
             self._last_spec_ratio = self.step_ratio[k]
@@ -356,8 +345,8 @@ class SpecController:
         `tokens`. Over its last few such steps, the wall time per emitted token must beat what a
         plain step is predicted to cost; if not, the request holds plain decoding for a probe interval
         and the interval doubles (cost_model only; deterministic mode ignores wall times)."""
-        cfg = self.config
-        if k == 0 or cfg.policy != "cost_model" or cfg.deterministic or self._unit(batch_size) is None:
+        if (k == 0 or self.config.policy != "cost_model" or self.config.controller.deterministic
+                or self._unit(batch_size) is None):
             return
         st = self._state(request_id)
         st.realized.append((seconds / batch_size, tokens, self._step_cost(0, batch_size) / batch_size))

@@ -1,20 +1,33 @@
-"""Cost arithmetic of speculation: the predicted speedup of k drafts, and tables of measured forward
-costs by row count (what the controller's cost model prices steps with)."""
+"""Measured costs of speculation: tables of forward seconds by row count (what the controller's
+cost model prices steps with), one request's step costs for proposers that price their own drafts,
+and how long outputs run. The decisions made from them live in policy.py."""
 from __future__ import annotations
 
 from collections import deque
+from typing import Protocol
 
 from specdec.quant.layers import ROW_ALIGN, pad_rows
 
 
-def predicted_speedup(acceptance: list[float], k: int, c: float, verify_ratio: float) -> float:
-    """Leviathan et al. 2023 (section 3.4): E[tokens | k] / (k c + t_verify(k + 1) / t_target), with
-    `acceptance` per draft position (given the position is reached)."""
-    expected, reach = 1.0, 1.0
-    for a in acceptance[:k]:
-        reach *= a
-        expected += reach
-    return expected / (k * c + verify_ratio)
+class CostEstimate(Protocol):
+    def estimate(self, rows: int) -> float | None:
+        """Measured seconds of a target forward over `rows` rows (None: nothing measured yet)."""
+        ...
+
+
+def step_costs(verify: CostEstimate | None, batch: int, max_k: int, static_slope: float,
+               draft_seconds: float = 0.0) -> list[float]:
+    """Seconds one request's step costs with m = 0..max_k drafts: its share of a plain step plus
+    the rows its drafts add to the batch's forward, plus `draft_seconds` per draft. Before anything
+    is measured, in units of a plain step with `static_slope` per extra row."""
+    base = verify.estimate(batch) if verify is not None else None
+    if base is None:
+        return [1.0 + m * (static_slope + draft_seconds) for m in range(max_k + 1)]
+    out = []
+    for m in range(max_k + 1):
+        extra = (verify.estimate(batch + m) or base) - base if m else 0.0
+        out.append(base / batch + max(extra, 0.0) + m * draft_seconds)
+    return out
 
 
 class CostTable:

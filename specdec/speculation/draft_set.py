@@ -2,12 +2,12 @@
 
 Ids: a model-free kind's id is the kind ("ngram": no weights, always loaded); a draft model's is the model's name
 (its registry name, or the file/folder name of a path). The configured draft is loaded with the
-engine and stays; `extra_drafts`, and drafts added at run time (`POST /admin/drafts`), load on
+engine and stays; `draft.extra_models`, and drafts added at run time (`POST /admin/drafts`), load on
 first use on a background thread, so no step waits for a load and no request fails because of one:
 until a draft is ready (or when it fails to load: reported, then skipped) its requests draft with
 what is loaded or decode plainly. A lazily loaded draft that no request used for
-`draft_idle_seconds` is unloaded, and unloading one under load moves its requests to another
-proposer (the router's next choice) or to plain decoding, mid-stream. With `router` on, the
+`draft.idle_seconds` is unloaded, and unloading one under load moves its requests to another
+proposer (the router's next choice) or to plain decoding, mid-stream. With `router.enabled`, the
 DraftRouter picks each new request's proposer and takes over requests whose acceptance collapses.
 Everything here runs on the engine thread except the load itself.
 """
@@ -46,7 +46,7 @@ class DraftSet:
         spec = config.speculative
         assert spec is not None
         self.config, self.target, self.max_model_len = config, target, max_model_len
-        self.router = DraftRouter(spec.router_exploration) if spec.router else None
+        self.router = DraftRouter(spec.router.exploration) if spec.router.enabled else None
         self.proposers: dict[str, Proposer] = {}
         self.controllers: dict[str, SpecController] = {}
         self.kinds: dict[str, str] = {}         # proposer id -> registry kind, for every known proposer
@@ -71,7 +71,7 @@ class DraftSet:
             self._install(proposer.name, spec.method, proposer)
         for kind in registry.model_free_kinds():  # no weights: always loaded
             self._install(kind, kind, registry.get(kind).build(self._context(config)))
-        for model in spec.extra_drafts:
+        for model in spec.draft.extra_models:
             self.kinds.setdefault(draft_id(model), registry.model_kinds()[0])
             self.models.setdefault(draft_id(model), model)
         self._sync_pools()
@@ -146,7 +146,8 @@ class DraftSet:
         spec = config.speculative
         assert spec is not None
         lazy = EngineConfig(model=config.model, cache=config.cache, scheduler=config.scheduler,
-                            speculative=replace(spec, method=kind, draft_model=model, extra_drafts=[]))
+                            speculative=replace(spec, method=kind, draft_model=model,
+                                                draft=replace(spec.draft, extra_models=[])))
         log.info("loading draft %s from %s", proposer_id, model)
         self._loading[proposer_id] = self._executor.submit(registry.get(kind).build, self._context(lazy))
 
@@ -174,8 +175,8 @@ class DraftSet:
         return installed, failed
 
     def idle(self, in_use: set[str]) -> list[str]:
-        """Loaded, unpinned drafts unused for draft_idle_seconds (and by no unfinished request)."""
-        limit = self.config.speculative.draft_idle_seconds if self.config.speculative else None
+        """Loaded, unpinned drafts unused for draft.idle_seconds (and by no unfinished request)."""
+        limit = self.config.speculative.draft.idle_seconds if self.config.speculative else None
         if limit is None:
             return []
         now = time.monotonic()

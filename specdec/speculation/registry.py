@@ -24,7 +24,7 @@ class ProposerKind:
     description: str                 # one line, for help texts and errors
     needs_model: bool                # built from a model reference (speculative.draft_model)
     has_kv_pool: bool = False        # keeps a KV pool of its own (proposer.kv, proposer.row_align)
-    # a draft token's cost as a fraction of a target step; None: the config's draft_cost_ratio,
+    # a draft token's cost as a fraction of a target step; None: the config's controller.draft_cost_ratio,
     # then what its forwards measure
     cost_hint: float | None = None
     # domains where the router tries it before anything else, until gains are measured

@@ -4,21 +4,21 @@ from the gain each proposer measured on that domain.
 The gain of a proposer on a request is decode tokens per unit of cost (the controller charges each
 step this request's share of the measured step cost, or static costs in deterministic mode). Per
 domain the router runs a bandit over proposers: each untried one is tried first (in the domain's
-prior order), then UCB1 on the gain normalised by the domain's best mean, with discounted counts so
-it follows traffic that drifts. When a request's acceptance collapses mid-way, `switch` names the
-best proposer the request has not tried yet. Under exact verification none of this changes output,
-only speed.
+prior order), then UCB1 on the gain normalised by the domain's best mean, with discounted counts
+(policy.DiscountedRate, tuned as ROUTER_GAIN) so it follows traffic that drifts. When a request's
+acceptance collapses mid-way, `switch` names the best proposer the request has not tried yet.
+Under exact verification none of this changes output, only speed.
 """
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specdec.speculation import registry
+from specdec.speculation.policy import ROUTER_GAIN, DiscountedRate
 
 DOMAINS = ("code_edit", "code_gen", "chat", "prose", "zh")
-_DISCOUNT = 0.95  # weight an old observation keeps per new one in the same domain
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 _CODE_LINE = re.compile(r"^\s*(def |class |import |from \S+ import|return\b|for .*:$|if .*:$|#include|"
@@ -53,10 +53,21 @@ def guess_domain(text: str) -> str:
 
 @dataclass
 class ArmStats:
-    weight: float = 0.0      # discounted number of observations
-    mean: float = 0.0        # discounted mean gain (tokens per unit cost)
+    # discounted sum of gains (tokens per unit cost) over discounted observations; every arm of a
+    # domain ages by one observation whenever any of them is observed
+    gain: DiscountedRate = field(default_factory=lambda: DiscountedRate(ROUTER_GAIN))
     choices: int = 0         # requests routed here
     observations: int = 0
+
+    @property
+    def weight(self) -> float:
+        """Discounted number of observations (0: never observed)."""
+        return self.gain.trials
+
+    @property
+    def mean(self) -> float:
+        """Discounted mean gain (0 before any observation)."""
+        return self.gain.estimate(0.0)
 
 
 class DraftRouter:
@@ -91,13 +102,11 @@ class DraftRouter:
         """A request (or the part of it this proposer served) produced `tokens` decode tokens at `cost`."""
         if tokens <= 0 or cost <= 0:
             return
-        gain = tokens / cost
         for (d, _), arm in self.arms.items():  # every arm of the domain ages by one observation
             if d == domain:
-                arm.weight *= _DISCOUNT
+                arm.gain.age()
         arm = self._arm(domain, proposer)
-        arm.mean = (arm.mean * arm.weight + gain) / (arm.weight + 1.0)
-        arm.weight += 1.0
+        arm.gain.add(tokens / cost)
         arm.observations += 1
 
     def forget(self, proposer: str) -> None:

@@ -5,10 +5,9 @@ request and step, health checks, cost model), the router and the draft KV pools.
 it with a handful of calls, in step order:
 
     assign(...)       a new request's proposer and domain guess
-    propose(running)  plan each decoding request's k and draft; fills request.spec_token_ids
-                      (the scheduler then schedules those drafts, or trims them if room is short)
-    draft_probs(id)   the distribution each draft was drawn from, for the rejection sampler
-    verified(...)     one request's verification outcome (acceptance, rollback, fallback)
+    propose(running)  plan each decoding request's k and draft; returns a SpecStep: the drafts as a
+                      DraftBatch (the scheduler keeps what fits, verification reads it) and the plans
+    verified(...)     one request's verification outcome under its plan (acceptance, rollback, fallback)
     end_step(...)     the step's costs; drafts that were not scheduled are rolled back
     free / preempted  a request left (or lost its KV)
     stats()           a SpeculationStats snapshot
@@ -20,13 +19,14 @@ rejection sampling keeps the output the target's, so every choice made here only
 from __future__ import annotations
 
 import logging
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from specdec.config import EngineConfig
 from specdec.core.kv_cache_manager import KVCacheManager
-from specdec.core.outputs import ModelRunnerOutput, SchedulerOutput
+from specdec.core.outputs import DraftBatch, ModelRunnerOutput, RequestDrafts, SchedulerOutput
 from specdec.metrics import DraftStatus, FreeDraftStats, PoolStats, ProposerStats, SpeculationStats
 from specdec.models.loader import LoadedModel
 from specdec.request import Request, RequestStatus, SpecOptions
@@ -42,16 +42,38 @@ _PROMPT_TAIL = 8   # prompt tokens kept before an output in the shared caches
 
 
 @dataclass
-class _Planned:
+class Plan:
+    """One request's speculation for one step, decided by propose and read back after verification."""
     proposer_id: str
     catch_up: int             # committed tokens the proposer had not processed
     num_emitted_before: int   # the request's output length when the step began
+    k: int = 0                # the controller's k (a model draft's length)
     cap: int = 0              # the most drafts it may propose this step
     own: bool = False         # its proposer sizes its own drafts: charged for what it drafted
     proposal: DraftProposal | None = None   # the proposer's drafts, as verified (after `forced`)
     forced: list[int] = field(default_factory=list)   # grammar-forced drafts ahead of the proposer's
     proposed: int = 0         # drafts the proposer returned (its state holds them; the grammar may cut some)
     remaining: int = 0        # tokens the request may still emit (max_tokens, context)
+
+
+@dataclass
+class SpecStep:
+    """What propose decided for one step: the drafts offered (a value the scheduler trims and
+    verification reads) and each request's plan, which verified and end_step read back."""
+    drafts: DraftBatch
+    plans: dict[str, Plan]
+    explored: bool = False    # a draft forward ran on a thread count being tried
+
+
+def _drafts_of(plan: Plan) -> RequestDrafts:
+    """Forced drafts (one-hot), then the proposer's own."""
+    prop = plan.proposal or DraftProposal([])
+    probs = prop.probs
+    if probs is not None and plan.forced:
+        one_hot = torch.zeros(len(plan.forced), probs.shape[-1], dtype=probs.dtype)
+        one_hot[torch.arange(len(plan.forced)), torch.tensor(plan.forced)] = 1.0
+        probs = torch.cat([one_hot, probs])
+    return RequestDrafts(plan.forced + prop.token_ids, probs, len(plan.forced), prop.free)
 
 
 class Speculator:
@@ -62,13 +84,11 @@ class Speculator:
         self.drafts = DraftSet(config, target, max_model_len, draft_loaded, progress)
         spec = config.speculative
         # KV slots the scheduler keeps per request for drafts: the model's k, or a lookup's longer drafts
-        self.reserve = max(spec.num_speculative_tokens, spec.suffix_max_tokens)
-        self.max_free = spec.suffix_max_tokens
+        self.reserve = max(spec.num_speculative_tokens, spec.suffix.max_tokens)
+        self.max_free = spec.suffix.max_tokens
         self.num_proposer_errors = 0
         self.free_drafts: dict[str, FreeDraftStats] = {}
         self.lengths = OutputLengths()   # finished outputs' lengths by domain: what `remaining` expects
-        self._planned: dict[str, _Planned] = {}
-        self._explored = False   # a draft forward of this step ran on a thread count being tried
 
     # ---- what the scheduler and the engine read -------------------------------------------------
     @property
@@ -78,10 +98,6 @@ class Speculator:
     @property
     def default_id(self) -> str:
         return self.drafts.default_id
-
-    @property
-    def default_proposer(self) -> Proposer | None:
-        return self.drafts.proposers.get(self.drafts.default_id)
 
     @property
     def proposers(self) -> dict[str, Proposer]:
@@ -127,35 +143,33 @@ class Speculator:
             self.drafts.load(proposer_id)  # first use: loads in the background, drafts once ready
 
     # ---- the step -----------------------------------------------------------------------------
-    def propose(self, running: list[Request]) -> None:
-        """Set each decoding request's drafts for this step (request.spec_token_ids)."""
-        self._explored = False
-        self._planned = self._plan(running)
-        forced = self._force(running)
+    def propose(self, running: list[Request]) -> SpecStep:
+        """Plan each decoding request's k and draft: the step's drafts as a value."""
+        plans = self._plan(running)
+        explored = False
         by_proposer: dict[str, list[Request]] = {}
-        for req in running:
-            planned = self._planned.get(req.request_id)
-            if planned is not None and planned.cap:
-                by_proposer.setdefault(req.spec_method, []).append(req)
-        try:
+        with ExitStack() as scopes:   # grammar lookaheads over forced drafts, rolled back on exit
+            self._force(running, plans, scopes)
+            for req in running:
+                plan = plans.get(req.request_id)
+                if plan is not None and plan.cap:
+                    by_proposer.setdefault(req.spec_method, []).append(req)
             for proposer_id, reqs in by_proposer.items():
-                self._propose_with(proposer_id, reqs)
-        finally:
-            for req in forced:
-                req.grammar.rollback(len(self._planned[req.request_id].forced))
+                explored |= self._propose_with(proposer_id, reqs, plans)
         for req in running:   # the router's cost of a request: what was actually drafted
-            planned = self._planned.get(req.request_id)
-            if planned is not None and planned.own:
-                prop = planned.proposal
+            plan = plans.get(req.request_id)
+            if plan is not None and plan.own:
+                prop = plan.proposal
                 drafted = len(prop.token_ids) if prop is not None else 0
-                catch_up = planned.catch_up if prop is not None and not prop.free else 0
-                self.drafts.controllers[planned.proposer_id].charge(req.request_id, drafted, len(running), catch_up)
+                catch_up = plan.catch_up if prop is not None and not prop.free else 0
+                self.drafts.controllers[plan.proposer_id].charge(req.request_id, drafted, len(running), catch_up)
+        drafts = {rid: _drafts_of(plan) for rid, plan in plans.items()}
+        return SpecStep(DraftBatch({rid: d for rid, d in drafts.items() if d.token_ids}), plans, explored)
 
-    def _plan(self, running: list[Request]) -> dict[str, _Planned]:
-        planned: dict[str, _Planned] = {}
+    def _plan(self, running: list[Request]) -> dict[str, Plan]:
+        plans: dict[str, Plan] = {}
         batch = len(running)
         for req in running:
-            req.num_spec_tokens, req.spec_token_ids = 0, []
             pid = req.spec_method
             if pid not in self.drafts.proposers or req.num_computed_tokens != req.num_tokens - 1:
                 continue  # plain decoding, its draft still loading, or still prefilling
@@ -176,40 +190,37 @@ class Speculator:
                 if own and not controller.is_disabled(req.request_id):
                     limit = req.spec_max_k if req.spec_max_k is not None else self.max_free
                     cap = max(k, min(self.max_free, limit, remaining - 1))
-            req.num_spec_tokens = k
             if not own:
                 controller.charge(req.request_id, k, batch, catch_up)
-            planned[req.request_id] = _Planned(pid, catch_up, len(req.output_token_ids), cap, own,
-                                               remaining=remaining)
-        return planned
+            plans[req.request_id] = Plan(pid, catch_up, len(req.output_token_ids), k, cap, own,
+                                         remaining=remaining)
+        return plans
 
-    def _force(self, running: list[Request]) -> list[Request]:
+    def _force(self, running: list[Request], plans: dict[str, Plan], scopes: ExitStack) -> None:
         """Grammar-forced drafts (jump-forward, verified like any draft): where a request's grammar
-        allows one continuation, those tokens lead its drafts and the proposer drafts after them.
-        Each such request's matcher is left advanced over them (propose rolls it back); returns them."""
-        advanced = []
+        allows one continuation, those tokens lead its drafts and the proposer drafts after them,
+        inside a lookahead over them that `scopes` closes."""
         for req in running:
-            planned = self._planned.get(req.request_id)
-            if planned is None or req.grammar is None:
+            plan = plans.get(req.request_id)
+            if plan is None or req.grammar is None:
                 continue
-            room = min(self.reserve, planned.remaining - 1)
-            planned.forced = req.grammar.forced(room)
-            if planned.forced:
-                req.grammar.consume(planned.forced)
-                advanced.append(req)
-                planned.cap = min(planned.cap, room - len(planned.forced))
-                req.num_spec_tokens = min(req.num_spec_tokens, planned.cap)
-                req.spec_token_ids = list(planned.forced)
-        return advanced
+            room = min(self.reserve, plan.remaining - 1)
+            plan.forced = req.grammar.forced(room)
+            if plan.forced:
+                scopes.enter_context(req.grammar.lookahead()).advance(plan.forced)
+                plan.cap = min(plan.cap, room - len(plan.forced))
+                plan.k = min(plan.k, plan.cap)
 
-    def _propose_with(self, proposer_id: str, reqs: list[Request]) -> None:
+    def _propose_with(self, proposer_id: str, reqs: list[Request], plans: dict[str, Plan]) -> bool:
+        """Ask one proposer for its requests' drafts; True when a draft forward ran on a thread count
+        being tried (the step's time is then no measure of its usual cost)."""
         proposer, controller = self.drafts.proposers[proposer_id], self.drafts.controllers[proposer_id]
-        asked = [self._planned[r.request_id].cap for r in reqs]
+        asked = [plans[r.request_id].cap for r in reqs]
         # a request with forced drafts is seen as if they were already its output: drafts continue after them
-        views = [replace(r, output_token_ids=r.output_token_ids + self._planned[r.request_id].forced)
-                 if self._planned[r.request_id].forced else r for r in reqs]
+        views = [replace(r, output_token_ids=r.output_token_ids + plans[r.request_id].forced)
+                 if plans[r.request_id].forced else r for r in reqs]
         try:
-            drafts = proposer.propose(views, asked)
+            drafts = proposer.propose(views, asked, [plans[r.request_id].k for r in reqs])
         except Exception:  # a proposer failure costs speed, never a request
             log.exception("proposer %s failed; speculation disabled for %d request(s)", proposer.name, len(reqs))
             self.num_proposer_errors += 1
@@ -218,49 +229,36 @@ class Speculator:
                 proposer.free(r.request_id)
             drafts = Drafts([DraftProposal([]) for _ in reqs])
         model_free = not registry.get(self.drafts.kinds[proposer_id]).needs_model
-        self._record_draft_costs(controller, drafts, len(reqs), max(asked), model_free)
+        explored = self._record_draft_costs(controller, drafts, len(reqs), max(asked), model_free)
         for req, k, prop in zip(reqs, asked, drafts.proposals):
-            planned = self._planned[req.request_id]
+            plan = plans[req.request_id]
             tokens = prop.token_ids[:k]
-            planned.proposed = len(tokens)
+            plan.proposed = len(tokens)
             if req.grammar is not None:  # drafts the grammar forbids would be rejected: not verified at all
                 tokens = tokens[: req.grammar.valid_prefix(tokens)]
             probs = None if prop.probs is None else prop.probs[: len(tokens)]
-            planned.proposal = DraftProposal(tokens, probs, prop.free)
-            req.spec_token_ids = planned.forced + list(tokens)
+            plan.proposal = DraftProposal(tokens, probs, prop.free)
             req.spec.draft_seconds += drafts.seconds
+        return explored
 
     def _record_draft_costs(self, controller: SpecController, drafts: Drafts, num_requests: int, max_k: int,
-                            model_free: bool) -> None:
+                            model_free: bool) -> bool:
         for rows, seconds in drafts.forward_costs:
             if seconds is not None:
                 controller.record_draft(rows, seconds)
-        self._explored |= any(s is None for _, s in drafts.forward_costs)
         if model_free and max_k:  # a model-free proposer: its wall time per draft step
             controller.record_draft(num_requests, drafts.seconds / max_k)
+        return any(s is None for _, s in drafts.forward_costs)
 
-    def draft_probs(self, req: Request) -> torch.Tensor | None:
-        """[len(req.spec_token_ids), vocab]: the distribution of the drafts the scheduler kept (it
-        trims from the end), row for row; None: one-hot drafts."""
-        planned = self._planned.get(req.request_id)
-        if planned is None or planned.proposal is None or planned.proposal.probs is None:
-            return None
-        probs = planned.proposal.probs
-        if planned.forced:  # forced drafts are one-hot
-            one_hot = torch.zeros(len(planned.forced), probs.shape[-1], dtype=probs.dtype)
-            one_hot[torch.arange(len(planned.forced)), torch.tensor(planned.forced)] = 1.0
-            probs = torch.cat([one_hot, probs])
-        return probs[: len(req.spec_token_ids)]
-
-    def verified(self, req: Request, num_drafted: int, num_accepted: int, num_emitted: int, decoding: bool,
-                 finished: bool) -> None:
-        """The target verified `num_drafted` scheduled drafts of `req`, kept `num_accepted` and emitted
-        `num_emitted` tokens (the target's K/V of rejected drafts is already rolled back)."""
+    def verified(self, req: Request, planned: Plan | None, num_drafted: int, num_accepted: int, num_emitted: int,
+                 decoding: bool, finished: bool) -> None:
+        """The target verified `num_drafted` scheduled drafts of `req` (planned this step as `planned`),
+        kept `num_accepted` and emitted `num_emitted` tokens (the target's K/V of rejected drafts is
+        already rolled back)."""
         pid = req.spec_method
         if pid is None or pid not in self.drafts.controllers:
             return
         controller, fell_back = self.drafts.controllers[pid], False
-        planned = self._planned.get(req.request_id)
         free = planned is not None and planned.proposal is not None and planned.proposal.free
         proposed = planned.proposed if planned is not None else num_drafted
         if num_drafted:
@@ -287,7 +285,7 @@ class Speculator:
         if fell_back and self.drafts.router is not None:
             self.drafts.move(req, "acceptance collapsed")
 
-    def _forced_verified(self, req: Request, planned: _Planned, num_drafted: int, num_accepted: int
+    def _forced_verified(self, req: Request, planned: Plan, num_drafted: int, num_accepted: int
                          ) -> tuple[int, int, bool]:
         """Count the forced drafts apart; returns the proposer's own drafts (drafted, accepted) and
         whether every forced draft was kept (a rejected one, rare, leaves the proposer's drafts
@@ -303,14 +301,16 @@ class Speculator:
             return 0, 0, False
         return num_drafted - num_forced, num_accepted - num_forced, True
 
-    def end_step(self, sched: SchedulerOutput, requests: dict[str, Request], out: ModelRunnerOutput,
-                 seconds: float) -> None:
-        """Record the step's costs, and roll back drafts the scheduler left out of the step."""
-        if not out.exploring:  # one table, shared by every controller
+    def end_step(self, step: SpecStep, sched: SchedulerOutput, requests: dict[str, Request],
+                 out: ModelRunnerOutput | None, seconds: float) -> None:
+        """Record the step's costs, and roll back drafts the scheduler left out of the step (`out`:
+        None when nothing was scheduled)."""
+        if out is not None and not out.exploring:  # one table, shared by every controller
             self.drafts.verify_costs.record(sched.num_batched_tokens, out.forward_seconds)
-        self._record_step(sched, requests, seconds, out.exploring or self._explored)
+        if out is not None:
+            self._record_step(step.plans, sched, requests, seconds, out.exploring or step.explored)
         scheduled = {c.request_id for c in sched.chunks}
-        for rid, planned in list(self._planned.items()):
+        for rid, planned in step.plans.items():
             req = requests.get(rid)
             if rid not in scheduled and req is not None and planned.proposed:
                 proposer = self.drafts.proposers.get(planned.proposer_id)
@@ -318,15 +318,13 @@ class Speculator:
                     proposer.free(rid)
                 elif proposer is not None:
                     proposer.on_verified(req, planned.proposed, 0)
-        self._planned = {}
 
-    def _record_step(self, sched: SchedulerOutput, requests: dict[str, Request], seconds: float,
-                     explored: bool) -> None:
+    def _record_step(self, planned: dict[str, Plan], sched: SchedulerOutput, requests: dict[str, Request],
+                     seconds: float, explored: bool) -> None:
         """A pure decode step whose requests share one proposer and one k, none of them catching up on
         more than a step's tokens (the last draft and the bonus token of a fully accepted step), no
         forward on a thread count being tried: its wall time calibrates that controller's predicted
         step cost."""
-        planned = self._planned
         shape = {(planned[c.request_id].proposer_id if c.request_id in planned else "", c.num_drafts)
                  for c in sched.chunks}
         caught_up = all(c.num_drafts == 0 or planned[c.request_id].catch_up <= 2 for c in sched.chunks
@@ -348,7 +346,6 @@ class Speculator:
 
     def preempted(self, request_id: str) -> None:
         """The request lost its KV (it will be recomputed): proposers drop their state for it."""
-        self._planned.pop(request_id, None)
         for proposer in self.drafts.proposers.values():
             proposer.free(request_id)
 

@@ -1,5 +1,6 @@
 """GET / POST /admin/drafts: list the drafts, load one in the background (202) or unload one (200).
-Needs the server's API key; without one the routes answer 403."""
+Needs the server's API key; without one the routes answer 403. A registry model that was never
+pulled is a 400 naming `specdec models pull NAME`: the server installs nothing."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,6 +9,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from specdec.engine import LLMEngine
+from specdec.models.loader import check_pulled
 from specdec.server.context import ServerContext, context
 from specdec.server.errors import APIError
 from specdec.server.middleware import check_admin
@@ -30,13 +32,17 @@ async def list_drafts(ctx: ServerContext = Depends(context)):
     return await ctx.engine.call(drafts_report)
 
 
-@router.post("/admin/drafts", dependencies=[Depends(check_admin)], 
+@router.post("/admin/drafts", dependencies=[Depends(check_admin)],
              responses={202: {"description": "load started"}, **errors(400, 401, 403, 413, 503)})
 async def change_drafts(body: AdminDraftRequest, ctx: ServerContext = Depends(context)):
     ctx.ready_engine()
 
     def act(eng: LLMEngine) -> dict:
-        draft = eng.load_draft(body.model) if body.action == "load" else eng.unload_draft(body.model)
+        if body.action == "load":
+            check_pulled(body.model)  # refused here, as a 400, never installed nor failed in the background
+            draft = eng.load_draft(body.model)
+        else:
+            draft = eng.unload_draft(body.model)
         return {"action": body.action, "id": draft, **drafts_report(eng)}
     try:
         result = await ctx.engine.call(act)

@@ -7,15 +7,15 @@ verification it is told how many drafts were accepted, so a proposer with state 
 KV cache) can roll back the rest.
 
 A kind whose registry entry says `sizes_own_drafts` is offered every decoding request, with the
-most drafts the engine allows (num_tokens) and the controller's k for a model draft in
-`request.num_spec_tokens`; it returns what it judges worth verifying (pricing.py), maybe nothing.
+most drafts the engine allows (num_tokens) and the controller's k for a model draft (model_k);
+it returns what it judges worth verifying (policy.best_k), maybe nothing.
 Drafts marked `free` came from a lookup, not a model forward: they do not count as the draft
 model's acceptance.
 
 A request with a grammar (structured output) may come with tokens its grammar forces already
 appended to `output_token_ids` (a view: `num_computed_tokens` still counts the committed ones):
-the proposer drafts what follows them, masking with `request.grammar` where it forms a
-distribution, and is told about its own drafts only in `on_verified`.
+the proposer drafts what follows them, masking inside a `request.grammar.lookahead()` where it
+forms a distribution, and is told about its own drafts only in `on_verified`.
 
 A kind whose registry entry says `has_kv_pool` also exposes `kv` (its KVCacheManager: the
 scheduler admits a request only where both pools have room) and `row_align` (the rows its
@@ -32,7 +32,7 @@ from specdec.config import EngineConfig
 from specdec.metrics import CacheStats
 from specdec.models.loader import LoadedModel
 from specdec.request import Request
-from specdec.speculation.proposers.pricing import CostEstimate
+from specdec.speculation.costs import CostEstimate
 
 
 @dataclass
@@ -77,8 +77,9 @@ class Proposer(Protocol):
     kind: str     # its registry kind, e.g. "draft_model" | "ngram"
     name: str     # e.g. the draft model's name, or "ngram[1-4]"
 
-    def propose(self, requests: list[Request], num_tokens: list[int]) -> Drafts:
-        """Drafts for each request, at most num_tokens[i] for requests[i]. Must not raise for one
+    def propose(self, requests: list[Request], num_tokens: list[int], model_k: list[int]) -> Drafts:
+        """Drafts for each request, at most num_tokens[i] for requests[i] (model_k[i]: the controller's
+        k, which a kind that sizes its own drafts weighs against its lookups). Must not raise for one
         request's trouble if it can leave that request without drafts instead."""
         ...
 

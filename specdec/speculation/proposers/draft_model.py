@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import ExitStack
 
 import torch
 
@@ -26,6 +27,7 @@ from specdec.runner.model_runner import ModelRunner
 from specdec.runner.threads import ThreadTuner, thread_tuner
 from specdec.sample.logits_processors import process_logits
 from specdec.sample.sampler import make_generator
+from specdec.grammar import Lookahead
 from specdec.speculation.proposers.base import BuildContext, DraftProposal, Drafts
 from specdec.speculation.proposers.self_draft import format_skip, is_self_draft, parse_skip, resolve_auto
 
@@ -41,7 +43,7 @@ def build(ctx: BuildContext) -> DraftModelProposer:
                          "pass draft_model=... or use method='ngram'")
     skip = None
     if is_self_draft(name):  # self-speculation: the target's own weights, some layers skipped
-        if spec.draft_precision not in (None, config.model.precision):
+        if spec.draft.precision not in (None, config.model.precision):
             raise ValueError("self-speculation runs the target's own weights: draft_precision must be the "
                              f"target's ({config.model.precision}) or unset")
         skip = parse_skip(name, target.config.num_layers)
@@ -49,14 +51,14 @@ def build(ctx: BuildContext) -> DraftModelProposer:
             skip = resolve_auto(target, ctx.progress)
         name, draft = format_skip(skip), target
     else:
-        precision = spec.draft_precision or config.model.precision
+        precision = spec.draft.precision or config.model.precision
         draft = ctx.draft_loaded or load_model(name, precision, config.model.device, ctx.progress)
     if ctx.progress:
         print(f"draft model {draft.name} loaded in {draft.load_seconds:.1f}s", file=sys.stderr)
     shared = check_same_vocabulary(target.tokenizer.token_strings, draft.tokenizer.token_strings,
                                    target.name, draft.name)
     return DraftModelProposer(draft, config.cache.draft_cache_blocks, config.cache.block_size,
-                              torch.device(config.model.device), shared, ctx.max_model_len, spec.draft_vocab_size,
+                              torch.device(config.model.device), shared, ctx.max_model_len, spec.draft.vocab_size,
                               skip_layers=skip, name=name if skip is not None else None,
                               tuner=thread_tuner(config.model), prefix_caching=config.cache.enable_prefix_caching)
 
@@ -99,7 +101,7 @@ class DraftModelProposer:
     def row_align(self) -> int:
         return self.runner.model.row_align
 
-    def propose(self, requests: list[Request], num_tokens: list[int]) -> Drafts:
+    def propose(self, requests: list[Request], num_tokens: list[int], model_k: list[int]) -> Drafts:
         t0 = time.perf_counter()
         forward_costs: list[tuple[int, float | None]] = []
         active: list[tuple[int, Request, int]] = []
@@ -116,7 +118,19 @@ class DraftModelProposer:
             active.append((i, req, k))
         drafts: dict[int, list[int]] = {i: [] for i, _, _ in active}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in active}
-        grammars = {i: [req.grammar, 0] for i, req, _ in active if req.grammar is not None}  # [matcher, advanced]
+        with ExitStack() as scopes:   # grammar lookaheads over this call's drafts, rolled back on exit
+            ahead = {i: scopes.enter_context(req.grammar.lookahead()) for i, req, _ in active
+                     if req.grammar is not None}
+            self._draft(active, drafts, probs, ahead, forward_costs)
+        result = [DraftProposal([]) for _ in requests]
+        for i in drafts:
+            result[i] = DraftProposal(drafts[i], torch.stack(probs[i]) if probs[i] else None)
+        return Drafts(result, time.perf_counter() - t0, forward_costs)
+
+    def _draft(self, active: list[tuple[int, Request, int]], drafts: dict[int, list[int]],
+               probs: dict[int, list[torch.Tensor]], ahead: dict[int, Lookahead],
+               forward_costs: list[tuple[int, float | None]]) -> None:
+        """Autoregressive draft steps, all active requests in one forward each."""
         step = 0
         while active:
             chunks = []
@@ -131,29 +145,21 @@ class DraftModelProposer:
             forward_costs.append((rows, None if out.exploring else out.forward_seconds))
             ended = set()
             for row, (i, req, _) in enumerate(active):
-                token, q = self._sample(req, out.logits[row, : self.vocab_size], drafts[i])
+                token, q = self._sample(req, out.logits[row, : self.vocab_size], drafts[i], ahead.get(i))
                 drafts[i].append(token)
                 if q is not None:
                     probs[i].append(q)
-                if i in grammars:  # the next draft's mask is the state after this one
-                    advanced = grammars[i][0].consume([token])
-                    grammars[i][1] += advanced
-                    if not advanced:
-                        ended.add(i)
+                if i in ahead and not ahead[i].advance([token]):  # the next draft's mask follows this one
+                    ended.add(i)
             step += 1
             # the last draft is never fed: its K/V would be computed by the next catch-up anyway
             active = [(i, req, k) for i, req, k in active if k > step and i not in ended]
-        for matcher, advanced in grammars.values():
-            matcher.rollback(advanced)
-        result = [DraftProposal([]) for _ in requests]
-        for i in drafts:
-            result[i] = DraftProposal(drafts[i], torch.stack(probs[i]) if probs[i] else None)
-        return Drafts(result, time.perf_counter() - t0, forward_costs)
 
-    def _sample(self, req: Request, logits: torch.Tensor, drafts: list[int]) -> tuple[int, torch.Tensor | None]:
+    def _sample(self, req: Request, logits: torch.Tensor, drafts: list[int], ahead: Lookahead | None
+                ) -> tuple[int, torch.Tensor | None]:
         p = req.params
-        if req.grammar is not None:  # the target's rows get the same mask (sample/structured.py)
-            masked = req.grammar.mask(logits)
+        if ahead is not None:  # the target's rows get the same mask (sample/structured.py)
+            masked = ahead.mask(logits)
             # nothing the grammar allows is in a reduced draft vocabulary: an unconstrained guess, trimmed
             # before verification (the drafts stop there)
             logits = masked if bool(torch.isfinite(masked).any()) else logits

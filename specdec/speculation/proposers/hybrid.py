@@ -16,28 +16,32 @@ import time
 from specdec.request import Request
 from specdec.speculation.proposers import draft_model
 from specdec.speculation.proposers.base import BuildContext, DraftProposal, Drafts
-from specdec.speculation.proposers.pricing import expected_tokens, step_costs
+from specdec.speculation.costs import step_costs
+from specdec.speculation.policy import ENGINE_ACCEPTANCE, PositionAcceptance, expected_tokens
 from specdec.speculation.proposers.suffix import SuffixProposer, shared_cache
-
-_DECAY = 0.98          # model acceptance per position: recent verifications weigh more
-_PRIOR = (0.6, 1.0)    # pseudo-counts (hits, trials) before any model draft is verified
 
 
 def build(ctx: BuildContext) -> HybridProposer:
-    assert ctx.config.speculative is not None
+    spec = ctx.config.speculative
+    assert spec is not None
     model = draft_model.build(ctx)
-    return HybridProposer(SuffixProposer(shared_cache(ctx), ctx.config.speculative, ctx.verify_costs), model)
+    return HybridProposer(SuffixProposer(shared_cache(ctx), spec, ctx.verify_costs), model,
+                          spec.controller.draft_cost_ratio)
 
 
 class HybridProposer:
     kind = "hybrid"
 
-    def __init__(self, suffix: SuffixProposer, model: draft_model.DraftModelProposer) -> None:
+    def __init__(self, suffix: SuffixProposer, model: draft_model.DraftModelProposer,
+                 draft_cost_ratio: float) -> None:
+        """`draft_cost_ratio`: a model draft's cost in target steps until one is measured (the
+        controller's static ratio)."""
         self.suffix, self.model = suffix, model
         self.name = f"hybrid:{model.name}"
         self.kv = model.kv
-        self.hits = [0.0] * 32      # discounted accepted model drafts at each position ...
-        self.trials = [0.0] * 32    # ... and verifications that reached it
+        # the model's acceptance per position over all requests, as the controller's domain priors
+        self.acceptance = PositionAcceptance(32, ENGINE_ACCEPTANCE)
+        self.draft_cost_ratio = draft_cost_ratio
         self.draft_seconds: float | None = None   # one draft-model step at small batch, measured
         self._source: dict[str, str] = {}          # request id -> "suffix" | "model" for the last step
 
@@ -45,16 +49,16 @@ class HybridProposer:
     def row_align(self) -> int:
         return self.model.row_align
 
-    def propose(self, requests: list[Request], num_tokens: list[int]) -> Drafts:
+    def propose(self, requests: list[Request], num_tokens: list[int], model_k: list[int]) -> Drafts:
         t0 = time.perf_counter()
         batch = len(requests)
         costs = step_costs(self.suffix.verify, batch, max(num_tokens, default=0), self.suffix.static_slope)
         proposals = [DraftProposal([]) for _ in requests]
         to_model: list[int] = []
-        for i, (req, cap) in enumerate(zip(requests, num_tokens)):
+        for i, (req, cap, model) in enumerate(zip(requests, num_tokens, model_k)):
             lookup = self.suffix.lookup(req, cap)
             m, suffix_cost = self.suffix.worth(lookup, costs)
-            k = min(req.num_spec_tokens, cap)
+            k = min(model, cap)
             if m and (k == 0 or suffix_cost <= self._model_cost(k, costs)):
                 self.suffix.offer(req, lookup, m)
                 proposals[i] = DraftProposal(lookup.token_ids[:m], free=True)
@@ -66,8 +70,8 @@ class HybridProposer:
                 self._source.pop(req.request_id, None)
         forward_costs: list[tuple[int, float | None]] = []
         if to_model:
-            drafted = self.model.propose([requests[i] for i in to_model],
-                                         [min(requests[i].num_spec_tokens, num_tokens[i]) for i in to_model])
+            ks = [min(model_k[i], num_tokens[i]) for i in to_model]
+            drafted = self.model.propose([requests[i] for i in to_model], ks, ks)
             forward_costs = drafted.forward_costs
             for i, proposal in zip(to_model, drafted.proposals):
                 proposals[i] = proposal
@@ -77,9 +81,8 @@ class HybridProposer:
     def _model_cost(self, k: int, costs: list[float]) -> float:
         """Predicted seconds per token of k model drafts."""
         unit = costs[0]
-        per_draft = self.draft_seconds if self.draft_seconds is not None else 0.4 * unit
-        acceptance = [(h + _PRIOR[0]) / (t + _PRIOR[1]) for h, t in zip(self.hits[:k], self.trials[:k])]
-        return (costs[min(k, len(costs) - 1)] + k * per_draft) / expected_tokens(acceptance)
+        per_draft = self.draft_seconds if self.draft_seconds is not None else self.draft_cost_ratio * unit
+        return (costs[min(k, len(costs) - 1)] + k * per_draft) / expected_tokens(self.acceptance.estimates(k))
 
     def _record_draft(self, forward_costs: list[tuple[int, float | None]], batch: int) -> None:
         """Keep the cost of the draft's decode steps (not its catch-up forwards), per request."""
@@ -98,9 +101,7 @@ class HybridProposer:
             self.model.on_verified(request, 0, 0)
             return
         if source == "model" and num_drafted:
-            for j in range(min(num_drafted, num_accepted + 1, len(self.hits))):
-                self.trials[j] = self.trials[j] * _DECAY + 1.0
-                self.hits[j] = self.hits[j] * _DECAY + float(j < num_accepted)
+            self.acceptance.observe(num_drafted, num_accepted)
         self.model.on_verified(request, num_drafted, num_accepted)
 
     def free(self, request_id: str) -> None:

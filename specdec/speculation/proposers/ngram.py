@@ -1,5 +1,5 @@
 """NgramProposer (prompt lookup decoding): propose what followed the latest earlier occurrence of
-the request's last n tokens, trying n from ngram_max down to ngram_min. No model, no state; drafts
+the request's last n tokens, trying n from ngram.max_n down to ngram.min_n. No model, no state; drafts
 are one-hot, which rejection sampling handles exactly."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def ngram_lookup(tokens: list[int], k: int, n_max: int, n_min: int) -> list[int]
 def build(ctx: BuildContext) -> NgramProposer:
     spec = ctx.config.speculative
     assert spec is not None
-    return NgramProposer(spec.ngram_max, spec.ngram_min)
+    return NgramProposer(spec.ngram.max_n, spec.ngram.min_n)
 
 
 class NgramProposer:
@@ -37,7 +37,7 @@ class NgramProposer:
         self.n_max, self.n_min = n_max, n_min
         self.name = f"ngram[{n_min}-{n_max}]"
 
-    def propose(self, requests: list[Request], num_tokens: list[int]) -> Drafts:
+    def propose(self, requests: list[Request], num_tokens: list[int], model_k: list[int]) -> Drafts:
         t0 = time.perf_counter()
         out = [DraftProposal(ngram_lookup(r.all_token_ids, k, self.n_max, self.n_min) if k else [])
                for r, k in zip(requests, num_tokens)]

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from specdec.config import specdec_home
-from specdec.speculation.costs import predicted_speedup
+from specdec.speculation.policy import predicted_speedup
 
 PREFIX = "self"
 _KEEP_EDGE = 2  # layers always kept at each end
@@ -120,7 +120,7 @@ def choose_skip_layers(loaded, k: int = 3, progress: bool = True) -> dict:
         agree = (_top1(loaded, skip, ids) == full).float().mean().item()
         c = 1 - len(skip) / loaded.config.num_layers
         table.append({"reference": format_skip(skip), "acceptance": agree, "cost_ratio": c,
-                      "predicted_speedup": predicted_speedup([agree] * k, k, c, verify_ratio=1.0)})
+                      "predicted_speedup": predicted_speedup([agree] * k, k, c, verify_cost=1.0)})
         if progress:
             print(f"self-draft {i + 1}/{len(cands)} {table[-1]['reference']}: top-1 agreement {agree:.3f}, "
                   f"predicted {table[-1]['predicted_speedup']:.2f}x", file=sys.stderr)

@@ -3,9 +3,9 @@ latest tokens, in its own prompt and output so far and in the outputs of earlier
 engine's shared SuffixCache), whichever predicts more. No model: the drafts cost a lookup.
 
 How many tokens it drafts follows the evidence: the lookup stops where the continuation's estimated
-probability falls below `suffix_min_prob` or past `suffix_spec_factor` times the match length; of
+probability falls below `suffix.min_prob` or past `suffix.spec_factor` times the match length; of
 that, it keeps the prefix that maximizes expected tokens per second with the target's measured
-verification costs (pricing.py), the estimated probabilities scaled by how often such drafts were
+verification costs (policy.best_k), the estimated probabilities scaled by how often such drafts were
 accepted so far after matches of about the same length (a one-token match's counts are weak
 evidence; a thirty-token match's strong). Drafts are point masses, so rejection sampling keeps the
 output exact.
@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from specdec.config import SpeculativeConfig
 from specdec.request import Request
 from specdec.speculation.proposers.base import BuildContext, DraftProposal, Drafts
-from specdec.speculation.proposers.pricing import CostEstimate, best_prefix, step_costs
+from specdec.speculation.costs import CostEstimate, step_costs
+from specdec.speculation.policy import SUFFIX_CALIBRATION, DiscountedRate, best_k
 from specdec.speculation.proposers.suffix_cache import DraftLimits, SuffixCache, SuffixDraft, SuffixIndex
 
-_DECAY = 0.995   # the calibration forgets slowly: it is shared by all requests
 # calibration by match length (1, 2-3, 4-7, 8-15, 16+ tokens): the ratio of accepted drafts to their
-# estimated probabilities assumed before any is verified, and its weight in pseudo-drafts
+# estimated probabilities assumed before any is verified
 _PRIOR_RATIO = (0.4, 0.6, 0.8, 0.9, 1.0)
-_PRIOR_WEIGHT = 2.0
 
 
 def _bucket(match_length: int) -> int:
@@ -38,7 +37,7 @@ def shared_cache(ctx: BuildContext) -> SuffixCache:
     assert spec is not None
     cache = ctx.shared.get(SuffixCache.name)
     if not isinstance(cache, SuffixCache):
-        cache = ctx.shared[SuffixCache.name] = SuffixCache(spec.suffix_cache_tokens)
+        cache = ctx.shared[SuffixCache.name] = SuffixCache(spec.suffix.cache_tokens)
     return cache
 
 
@@ -48,7 +47,8 @@ def build(ctx: BuildContext) -> SuffixProposer:
 
 
 def limits_of(spec: SpeculativeConfig) -> DraftLimits:
-    return DraftLimits(spec.suffix_max_depth, spec.suffix_min_prob, spec.suffix_spec_factor, spec.suffix_spec_offset)
+    s = spec.suffix
+    return DraftLimits(s.max_depth, s.min_prob, s.spec_factor, s.spec_offset)
 
 
 @dataclass
@@ -65,13 +65,12 @@ class SuffixProposer:
     def __init__(self, cache: SuffixCache, spec: SpeculativeConfig, verify: CostEstimate | None = None) -> None:
         self.cache, self.verify = cache, verify
         self.limits = limits_of(spec)
-        self.static_slope, self.min_gain = spec.verify_cost_slope, spec.min_gain
+        self.static_slope, self.min_gain = spec.controller.verify_cost_slope, spec.controller.min_gain
         self.local: dict[str, _Local] = {}
-        # per match-length bucket: discounted accepted drafts, and their summed estimated probabilities
-        self.hits = [0.0] * len(_PRIOR_RATIO)
-        self.expected = [0.0] * len(_PRIOR_RATIO)
+        # per match-length bucket: discounted accepted drafts over their summed estimated probabilities
+        self.calibration = [DiscountedRate(SUFFIX_CALIBRATION) for _ in _PRIOR_RATIO]
 
-    def propose(self, requests: list[Request], num_tokens: list[int]) -> Drafts:
+    def propose(self, requests: list[Request], num_tokens: list[int], model_k: list[int]) -> Drafts:
         t0 = time.perf_counter()
         costs = step_costs(self.verify, len(requests), max(num_tokens, default=0), self.static_slope)
         out = []
@@ -100,7 +99,7 @@ class SuffixProposer:
     def acceptance(self, draft: SuffixDraft) -> list[float]:
         """The draft's probabilities, scaled by how well such estimates have held so far."""
         b = _bucket(draft.match_length)
-        ratio = (self.hits[b] + _PRIOR_WEIGHT * _PRIOR_RATIO[b]) / (self.expected[b] + _PRIOR_WEIGHT)
+        ratio = self.calibration[b].estimate(_PRIOR_RATIO[b])
         return [min(1.0, p * ratio) for p in draft.probs]
 
     def offer(self, req: Request, draft: SuffixDraft, m: int) -> None:
@@ -110,7 +109,8 @@ class SuffixProposer:
 
     def worth(self, draft: SuffixDraft, costs: list[float]) -> tuple[int, float]:
         """(drafts worth verifying, predicted seconds per token) under these step costs."""
-        return best_prefix(self.acceptance(draft), costs, self.min_gain)
+        m, per_token = best_k(self.acceptance(draft), costs, self.min_gain)
+        return m, per_token[m]
 
     def catch_up_tokens(self, request: Request) -> int:
         return 0
@@ -120,9 +120,7 @@ class SuffixProposer:
         if local is None or not local.offered or not num_drafted:
             return
         reached = local.offered[: min(num_drafted, num_accepted + 1)]
-        b = local.bucket
-        self.hits[b] = self.hits[b] * _DECAY + min(num_accepted, num_drafted)
-        self.expected[b] = self.expected[b] * _DECAY + sum(reached)
+        self.calibration[local.bucket].observe(min(num_accepted, num_drafted), sum(reached))
         local.offered = []
 
     def free(self, request_id: str) -> None:

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from specdec.metrics import CacheStats
+from specdec.speculation.policy import expected_tokens
 
 ANCHORS = (4, 2, 1)      # n-grams indexed per position, longest tried first
 MAX_OCCURRENCES = 64     # most recent occurrences kept per n-gram: a lookup's work stays bounded
@@ -32,11 +33,7 @@ class SuffixDraft:
     @property
     def score(self) -> float:
         """Expected number of drafts accepted if the probabilities were right."""
-        total, reach = 0.0, 1.0
-        for p in self.probs:
-            reach *= p
-            total += reach
-        return total
+        return expected_tokens(self.probs) - 1.0
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Render the documentation's results tables from `docs/results/*.json`.
 
-`python -m specdec.bench.report` (or `make docs`) rewrites, in place, every block between
+`python tools/docs_report.py` (or `make docs`) rewrites, in place, every block between
 
     <!-- generated:VIEW:STEM -->   ...   <!-- end generated -->
 
@@ -13,7 +13,8 @@ rebuilt from the configuration its JSON records. Files are written atomically (a
 the same folder, then os.replace) and only when their text changes, so a second run changes nothing.
 `--check` writes nothing and exits 1 when any file is out of date.
 
-Standard library only (no specdec imports), so it runs anywhere and creates no import cycles.
+A developer tool, not part of the installed package: it rewrites the checkout it sits in (the
+folder above tools/, or --root). Standard library only (no specdec imports), so it runs anywhere.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import os
 import statistics
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # this checkout: the tool lives in its tools/ folder
 DOCS = ("README.md", "docs/performance.md", "docs/results/README.md", "docs/architecture.md",
         "docs/scale-out.md", "docs/cpu-kernels.md")
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # `specdec bench --model`'s default
@@ -104,6 +105,10 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                             "offsets, int4-a16 and llama.cpp"),
     "bench-matmul-xeon": ("2026-12-02", "xeon", "each matrix product's error under int8 activations, offsets on "
                           "the unrounded against the rounded activations"),
+    "bench-step-overhead-xeon": ("2026-12-02", "xeon", "a sampled batch of 8 with suffix drafts: the share of a step "
+                                 "outside the target forward and its peak memory, before and after the flat verifier"),
+    "bench-step-values-xeon": ("2026-12-02", "xeon", "greedy token ids and speed of the shipped prompts before and "
+                               "after the step as values, every precision (a one-off script)"),
 }
 ARM_LABELS = {
     "plain": "plain", "draft_fixed": "draft, fixed k", "draft_cost_model": "draft, cost model",
@@ -272,6 +277,8 @@ def command(data: dict) -> str:
         return soak_command(data)
     if isinstance(data.get("results"), list):
         return steps_command(data)
+    if isinstance(data.get("command"), str):
+        return data["command"]
     return "(no CLI command)"
 
 
@@ -573,7 +580,7 @@ def view_index(root: Path, doc: Path) -> str:
     rows = []
     for path in sorted((root / "docs" / "results").glob("*.json")):
         stem = path.stem
-        date, machine, what = SOURCES.get(stem, ("—", "", "not described in specdec/bench/report.py"))
+        date, machine, what = SOURCES.get(stem, ("—", "", "not described in tools/docs_report.py"))
         name = f"`{stem}.json`" + (" + `.png`" if path.with_suffix(".png").exists() else "")
         rows.append([name, what, date, MACHINES.get(machine, ("", "—"))[1],
                      f"`{command(json.loads(path.read_text()))}`"])
@@ -634,7 +641,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec.bench.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python tools/docs_report.py", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if any file is out of date")
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository root (default: this checkout)")
     args = parser.parse_args(argv)

@@ -1,0 +1,110 @@
+"""Verifier: a step's target logits and drafts -> each request's emitted tokens.
+
+It takes the schedule (which drafts each request verifies: `ScheduledChunk.draft_token_ids`), the
+target's logits (flat rows, `cu_num_logits`) and the step's DraftBatch (the distributions the drafts
+came from), masks rows with each request's grammar, processes all rows at once (penalties,
+temperature, filters), draws each sampled request's randomness from its own generator, and runs
+the rejection sampler over the flat rows. Plain decoding is the same call with no drafts.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specdec.core.outputs import DraftBatch, ModelRunnerOutput, ScheduledChunk, SchedulerOutput
+from specdec.request import Request
+from specdec.sample.logits_processors import RowGroup, process_rows
+from specdec.sample.rejection_sampler import rejection_sample
+from specdec.sample.sampler import make_generator
+
+Sampler = Callable[..., tuple[list[list[int]], torch.Tensor]]
+
+
+@dataclass
+class Verified:
+    """One request's outcome: accepted drafts, then one recovered or bonus token."""
+    token_ids: list[int]
+    num_accepted: int
+
+
+class Verifier:
+    def __init__(self, sampler: Sampler = rejection_sample) -> None:
+        """`sampler`: the rejection sampler (tests inject broken ones to show a check has power)."""
+        self.sampler = sampler
+        self._generators: dict[str, torch.Generator] = {}
+
+    def add(self, request_id: str, seed: int | None) -> None:
+        self._generators[request_id] = make_generator(seed)
+
+    def free(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    @torch.inference_mode()   # the runner's logits are inference tensors, processed in place
+    def verify(self, sched: SchedulerOutput, out: ModelRunnerOutput, drafts: DraftBatch | None,
+               requests: dict[str, Request]) -> dict[str, Verified]:
+        """Every chunk that asked for logits -> its request's tokens. `out.logits` is consumed: it may
+        be processed in place when no request reads its raw rows afterwards (logprobs)."""
+        scored = [(i, c) for i, c in enumerate(sched.chunks) if c.num_logits]
+        if not scored:
+            return {}
+        reqs = [requests[c.request_id] for _, c in scored]
+        rows = [self._rows(out, i, c, r) for (i, c), r in zip(scored, reqs)]
+        groups = [RowGroup(r.params, r.prompt_token_ids, r.output_token_ids, c.draft_token_ids)
+                  for (_, c), r in zip(scored, reqs)]
+        # the raw rows are processed in place unless a request still needs them (logprobs) or a grammar
+        # mask already copied them
+        keep_raw = any(r.params.logprobs is not None or r.grammar is not None for r in reqs)
+        logits = process_rows(torch.cat(rows) if keep_raw else out.logits, groups, in_place=True)
+        if all(c.num_drafts == 0 for _, c in scored) and all(r.params.greedy for r in reqs):
+            # plain greedy: the argmax is all the sampler would compute, without its bookkeeping
+            return {c.request_id: Verified([t], 0) for (_, c), t in zip(scored, logits.argmax(-1).tolist())}
+        draft_ids = torch.tensor([t for _, c in scored for t in c.draft_token_ids], dtype=torch.long)
+        num_drafts = torch.tensor([c.num_drafts for _, c in scored], dtype=torch.long)
+        greedy = torch.tensor([r.params.greedy for r in reqs], dtype=torch.bool)
+        uniforms, final_uniforms = self._randomness(reqs, [c.num_drafts for _, c in scored])
+        probs = _draft_probs([c for _, c in scored], drafts, logits.shape[-1])
+        tokens, num_accepted = self.sampler(draft_ids, num_drafts, probs, logits, greedy, uniforms, final_uniforms)
+        return {c.request_id: Verified(t, int(a)) for (_, c), t, a in zip(scored, tokens, num_accepted)}
+
+    @staticmethod
+    def _rows(out: ModelRunnerOutput, i: int, chunk: ScheduledChunk, req: Request) -> torch.Tensor:
+        """The chunk's raw rows, masked by its grammar (row j: the state after the drafts before it)."""
+        rows = out.logits[out.cu_num_logits[i]:out.cu_num_logits[i + 1]]
+        if req.grammar is None:
+            return rows
+        return req.grammar.mask_rows(rows, chunk.draft_token_ids)
+
+    def _randomness(self, reqs: list[Request], num_drafts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A uniform per draft and one for each request's final token, from the request's own
+        generator in a fixed order (so a seed fixes its draws whatever else is in the batch); greedy
+        requests draw nothing."""
+        uniforms, finals = torch.zeros(sum(num_drafts)), torch.zeros(len(reqs))
+        start = 0
+        for r, (req, k) in enumerate(zip(reqs, num_drafts)):
+            if not req.params.greedy:
+                draws = torch.rand(k + 1, generator=self._generators[req.request_id])
+                uniforms[start:start + k], finals[r] = draws[:k], draws[k]
+            start += k
+        return uniforms, finals
+
+
+def _draft_probs(chunks: list[ScheduledChunk], drafts: DraftBatch | None, vocab: int) -> torch.Tensor | None:
+    """[num drafts, vocab]: each kept draft's distribution (one-hot for lookups); None when every
+    draft is one-hot."""
+    given = [drafts.by_request[c.request_id].probs if drafts is not None and c.num_drafts else None
+             for c in chunks]
+    if all(p is None for p in given):
+        return None
+    probs = torch.zeros(sum(c.num_drafts for c in chunks), vocab)
+    start = 0
+    for c, p in zip(chunks, given):
+        k = c.num_drafts
+        if p is None:
+            probs[torch.arange(start, start + k), torch.tensor(c.draft_token_ids, dtype=torch.long)] = 1.0
+        else:
+            width = min(p.shape[-1], vocab)
+            probs[start:start + k, :width] = p[:k, :width]
+        start += k
+    return probs
