@@ -20,7 +20,7 @@ import torch
 
 from specdec.config import EngineConfig
 from specdec.core.kv_cache_manager import KVCacheManager
-from specdec.core.outputs import ScheduledChunk, SchedulerOutput
+from specdec.core.outputs import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 from specdec.core.scheduler import QueueFull, Scheduler  # noqa: F401 - QueueFull: add_request's error, re-exported
 from specdec.metrics import DraftStatus, EngineCounters, EngineStats, PoolStats
 from specdec.models.llama import LlamaModel
@@ -151,13 +151,13 @@ class LLMEngine:
         out = self.runner.execute(sched)
         verified = self.verifier.verify(sched, out, proposed.drafts if proposed is not None else None,
                                         self.requests)
-        outputs = self._commit(sched, verified, out.logits, out.cu_num_logits, out.forward_seconds, proposed)
+        outputs = self._commit(sched, verified, out, proposed)
         if proposed is not None:
             spec.end_step(proposed, sched, self.requests, out, time.perf_counter() - t0)
         return outputs
 
-    def _commit(self, sched: SchedulerOutput, verified: dict[str, Verified], logits: torch.Tensor,
-                cu_num_logits: list[int], forward_seconds: float, proposed: SpecStep | None) -> list[RequestOutput]:
+    def _commit(self, sched: SchedulerOutput, verified: dict[str, Verified], out: ModelRunnerOutput,
+                proposed: SpecStep | None) -> list[RequestOutput]:
         outputs = []
         for i, chunk in enumerate(sched.chunks):
             req = self.requests[chunk.request_id]
@@ -165,7 +165,8 @@ class LLMEngine:
             result = verified.get(chunk.request_id)
             if result is not None:
                 plan = proposed.plans.get(chunk.request_id) if proposed is not None else None
-                self._accept(req, chunk, result, logits[cu_num_logits[i]:cu_num_logits[i + 1]], forward_seconds, plan)
+                rows = out.logits[out.cu_num_logits[i]:out.cu_num_logits[i + 1]]
+                self._accept(req, chunk, result, rows, out.forward_seconds, plan)
             if not req.finished:
                 self.kv.commit(req.request_id, req.all_token_ids[: req.num_computed_tokens])
             if chunk.num_logits or req.finished:

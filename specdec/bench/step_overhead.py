@@ -78,7 +78,7 @@ def run(model: str, batch: int, k: int, max_tokens: int) -> dict:
         return out
     engine.runner.execute = timed
     _add(engine, prompts, max_tokens, k)
-    shares, steps, peak = [], [], None
+    steps, peak = [], None
     while engine.has_unfinished():
         if peak is None and len(steps) == 8:
             peak = _peak_bytes(engine)
@@ -88,8 +88,7 @@ def run(model: str, batch: int, k: int, max_tokens: int) -> dict:
         engine.step()
         total = time.perf_counter() - t0
         steps.append({"seconds": total, "forward_seconds": forward[0]})
-        shares.append(1.0 - forward[0] / total)
-    decode = [s for s in steps[2:]]   # the first steps prefill
+    decode = steps[2:]   # the first steps prefill
     share = [1.0 - s["forward_seconds"] / s["seconds"] for s in decode]
     stats = engine.stats().counters
     return {"model": model, "precision": engine.precision, "batch": batch, "k": k, "max_tokens": max_tokens,

@@ -10,8 +10,9 @@ import torch
 class RequestDrafts:
     """One request's drafts for a step, as proposed."""
     token_ids: list[int]
-    probs: torch.Tensor | None = None   # [len(token_ids), vocab'] the distributions they came from; None: one-hot
     num_forced: int = 0                 # the leading ones its grammar forced (one-hot)
+    # [len(token_ids) - num_forced, vocab'] the distributions the proposer's drafts came from; None: one-hot
+    probs: torch.Tensor | None = None
     free: bool = False                  # from a lookup, no draft forward
 
 

@@ -105,13 +105,11 @@ def _top_p(rows: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     values, order = rows.topk(m, dim=-1)
     lse = torch.logsumexp(rows, -1, keepdim=True)
     probs = values.softmax(-1) if m == rows.shape[-1] else torch.exp(values - lse)
+    keep = _top_p_keep(probs, order, top_p, rows.shape[-1])
     short = probs.sum(-1) < top_p
     if bool(short.any()) and m < rows.shape[-1]:
         values_all, order_all = rows[short].sort(-1, descending=True)
-        full = _top_p_keep(torch.exp(values_all - lse[short]), order_all, top_p[short], rows.shape[-1])
-    keep = _top_p_keep(probs, order, top_p, rows.shape[-1])
-    if bool(short.any()) and m < rows.shape[-1]:
-        keep[short] = full
+        keep[short] = _top_p_keep(torch.exp(values_all - lse[short]), order_all, top_p[short], rows.shape[-1])
     return rows.masked_fill_(~keep, float("-inf"))
 
 

@@ -37,9 +37,10 @@ def rejection_sample(
     req_of_draft = torch.repeat_interleave(torch.arange(num_reqs), num_drafts)      # [T]
     first_draft = torch.cumsum(num_drafts, 0) - num_drafts                         # [n]
     first_row = first_draft + torch.arange(num_reqs)                                # [n]
-    draft_rows = first_row[req_of_draft] + (torch.arange(len(req_of_draft)) - first_draft[req_of_draft])
-    accept = _accepted(draft_token_ids, draft_rows, draft_probs, target_logits, is_greedy[req_of_draft], uniforms)
-    num_accepted = _leading_true(accept, req_of_draft, num_drafts)
+    position = torch.arange(len(req_of_draft)) - first_draft[req_of_draft]          # [T]: j within its request
+    accept = _accepted(draft_token_ids, first_row[req_of_draft] + position, draft_probs, target_logits,
+                       is_greedy[req_of_draft], uniforms)
+    num_accepted = _leading_true(accept, req_of_draft, position, num_drafts)
     final_rows = first_row + num_accepted
     final = _final_tokens(target_logits[final_rows], num_accepted < num_drafts, first_draft + num_accepted,
                           draft_token_ids, draft_probs, is_greedy, final_uniforms)
@@ -66,15 +67,15 @@ def _accepted(drafts: torch.Tensor, rows: torch.Tensor, draft_probs: torch.Tenso
     return accept
 
 
-def _leading_true(accept: torch.Tensor, req_of_draft: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
+def _leading_true(accept: torch.Tensor, req_of_draft: torch.Tensor, position: torch.Tensor,
+                  num_drafts: torch.Tensor) -> torch.Tensor:
     """[n]: per request, how many of its drafts are accepted before the first rejection."""
     num_reqs = num_drafts.shape[0]
     max_k = int(num_drafts.max()) if num_reqs else 0
     if max_k == 0:
         return torch.zeros(num_reqs, dtype=torch.long)
     padded = torch.zeros(num_reqs, max_k, dtype=torch.long)
-    positions = torch.arange(len(req_of_draft)) - (torch.cumsum(num_drafts, 0) - num_drafts)[req_of_draft]
-    padded[req_of_draft, positions] = accept.long()
+    padded[req_of_draft, position] = accept.long()
     return padded.cumprod(-1).sum(-1)
 
 

@@ -91,20 +91,21 @@ class Verifier:
 
 
 def _draft_probs(chunks: list[ScheduledChunk], drafts: DraftBatch | None, vocab: int) -> torch.Tensor | None:
-    """[num drafts, vocab]: each kept draft's distribution (one-hot for lookups); None when every
-    draft is one-hot."""
-    given = [drafts.by_request[c.request_id].probs if drafts is not None and c.num_drafts else None
-             for c in chunks]
-    if all(p is None for p in given):
+    """[num drafts, vocab]: each kept draft's distribution (one-hot for grammar-forced drafts and
+    lookups); None when every draft is one-hot."""
+    given = [drafts.by_request[c.request_id] if drafts is not None and c.num_drafts else None for c in chunks]
+    if all(d is None or d.probs is None for d in given):
         return None
     probs = torch.zeros(sum(c.num_drafts for c in chunks), vocab)
     start = 0
-    for c, p in zip(chunks, given):
+    for c, d in zip(chunks, given):
         k = c.num_drafts
-        if p is None:
-            probs[torch.arange(start, start + k), torch.tensor(c.draft_token_ids, dtype=torch.long)] = 1.0
-        else:
-            width = min(p.shape[-1], vocab)
-            probs[start:start + k, :width] = p[:k, :width]
+        if not k:
+            continue
+        one_hot = k if d.probs is None else min(d.num_forced, k)
+        probs[torch.arange(start, start + one_hot), torch.tensor(c.draft_token_ids[:one_hot], dtype=torch.long)] = 1.0
+        if one_hot < k:
+            width = min(d.probs.shape[-1], vocab)
+            probs[start + one_hot:start + k, :width] = d.probs[: k - one_hot, :width]
         start += k
     return probs

@@ -22,8 +22,6 @@ import logging
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from specdec.config import EngineConfig
 from specdec.core.kv_cache_manager import KVCacheManager
 from specdec.core.outputs import DraftBatch, ModelRunnerOutput, RequestDrafts, SchedulerOutput
@@ -66,14 +64,9 @@ class SpecStep:
 
 
 def _drafts_of(plan: Plan) -> RequestDrafts:
-    """Forced drafts (one-hot), then the proposer's own."""
+    """Forced drafts, then the proposer's own (with their distributions, if any)."""
     prop = plan.proposal or DraftProposal([])
-    probs = prop.probs
-    if probs is not None and plan.forced:
-        one_hot = torch.zeros(len(plan.forced), probs.shape[-1], dtype=probs.dtype)
-        one_hot[torch.arange(len(plan.forced)), torch.tensor(plan.forced)] = 1.0
-        probs = torch.cat([one_hot, probs])
-    return RequestDrafts(plan.forced + prop.token_ids, probs, len(plan.forced), prop.free)
+    return RequestDrafts(plan.forced + prop.token_ids, len(plan.forced), prop.probs, prop.free)
 
 
 class Speculator:
