@@ -22,6 +22,7 @@ AUTO_CPU_PRECISION = "int4-a16"    # `auto` where the CPU kernel builds and the 
 AUTO_DRAFT_PRECISION = "int4-a8"   # a draft model's where `auto` picked an int4 mode for the target, unless set
 PRECISION_CHOICES = ("auto", *PRECISIONS)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
 def specdec_home() -> Path:
@@ -36,6 +37,8 @@ class ModelConfig:
     device: str = "cpu"
     max_model_len: int | None = None  # None: the model's own context length
     num_threads: int | None = None    # intra-op threads; None: chosen per forward by measurement (runner/threads.py)
+    chat_template: str | None = None  # a Jinja chat template (file path or the template text); None: the model's
+    seed: int | None = None           # seeds the randomness of requests that carry no seed of their own
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISION_CHOICES:
@@ -299,6 +302,8 @@ class ServerConfig:
     queue_timeout: float = 600.0     # a request that waits longer without starting gets 503
     drain_seconds: float = 30.0      # on SIGTERM / SIGINT: time in-flight requests get to finish
     retry_after: int = 5             # seconds, the Retry-After of 429 / 503 answers
+    log_level: str = "info"          # critical | error | warning | info (one access-log line per request) | debug
+    metrics_require_key: bool = False  # /metrics needs the API key too
 
     def __post_init__(self) -> None:
         for name in ("max_tokens_limit", "max_request_tokens"):
@@ -316,6 +321,8 @@ class ServerConfig:
             raise ValueError(f"server.shadow_fraction must be in [0, 1], got {self.shadow_fraction}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("server.api_key must be non-empty (or null for no auth)")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"server.log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
 
 
 
@@ -377,6 +384,8 @@ _EXECUTION_KEYS = {
     "device": ("model", "device"),
     "max_model_len": ("model", "max_model_len"),
     "num_threads": ("model", "num_threads"),
+    "chat_template": ("model", "chat_template"),
+    "seed": ("model", "seed"),
     "max_batch_size": ("scheduler", "max_batch_size"),
     "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
     "long_prefill_token_threshold": ("scheduler", "long_prefill_token_threshold"),
