@@ -35,7 +35,7 @@ MACHINES = {
     "zen4": ("Zen 4", "Zen 4 VM (AMD EPYC family 25, 2 vCPU, AVX-512)"),
     "zen1": ("Zen 1", "Zen 1 VM (AMD EPYC family 23, 2 vCPU, AVX2 only)"),
     "h200": ("H200", "NVIDIA H200 GPU (torch 2.11, CUDA 13)"),
-    "xeon": ("Xeon", "Intel Xeon (Sapphire Rapids: AVX-512, VNNI, AMX), 2 vCPU"),
+    "xeon": ("Xeon", "Intel Xeon (Sapphire Rapids: AVX-512, VNNI; AMX not exposed), 2 vCPU"),
 }
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
@@ -616,7 +616,16 @@ def render(root: Path, doc: Path, name: str) -> str:
         raise SystemExit(f"error: {doc}: unknown generated block {name!r} "
                          f"(views: {', '.join([*TABLE_VIEWS, *DOC_VIEWS])})")
     data = load(root, stem)
-    return caption(root, doc, stem, data) + "\n\n" + TABLE_VIEWS[view](data)
+    return caption(root, doc, stem, data) + "\n\n" + TABLE_VIEWS[view](data) + plot(root, doc, stem)
+
+
+def plot(root: Path, doc: Path, stem: str) -> str:
+    """The run's PNG under its table, when the bench drew one (a reader looks at it before the numbers)."""
+    png = root / "docs" / "results" / f"{stem}.png"
+    if not png.exists():
+        return ""
+    what = SOURCES.get(stem, ("", "", stem))[2]
+    return f"\n\n![{what}]({os.path.relpath(png, doc.parent)})"
 
 
 def rewrite(root: Path, doc: Path, text: str) -> str:
