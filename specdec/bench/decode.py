@@ -75,6 +75,6 @@ def run_decode_bench(a) -> dict:
         "load_average": os.getloadavg(), "peak_rss_gib": peak_rss_gib(), "summary": summary, "runs": rows,
     }
     atomic_write_text(Path(a.out), json.dumps(report, indent=1))
-    print(json.dumps(summary, indent=1), file=sys.stderr)
+    print(json.dumps(summary, indent=1))
     print(f"wrote {a.out}", file=sys.stderr)
     return report

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from specdec.quant.criterion import KLD_MARGIN, TOP1_MARGIN, Measurement, ModeScore
+from specdec.extras import require_plotting
 
 CORPUS = Path(__file__).parent / "corpus" / "kld.jsonl"
 ANCHOR = "llama.cpp"
@@ -323,13 +324,14 @@ def cmd_kld(a) -> int:
         raise ValueError(f"--first must be between 0 and ctx - 2 = {a.ctx - 2}, got {a.first}")
     if a.save and not a.llama_cpp:
         raise ValueError("--save needs the llama.cpp anchor: the verdict compares each mode with it")
+    require_plotting(a.plot, "specdec kld")
     if a.llama_cpp and a.install_peer and not llama_cpp_peer.is_installed():
         llama_cpp_peer.install()
     result = run_kld(a)
     atomic_write_text(Path(a.out), json.dumps(result, indent=1))
     if a.plot:
         plot(result, a.plot)
-    print(table(result), file=sys.stderr)
+    print(table(result))
     if "criterion" in result:
         print(f"auto: {result['criterion']['auto']} (meets the criterion: {', '.join(result['criterion']['meets'])})",
               file=sys.stderr)

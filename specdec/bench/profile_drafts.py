@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from specdec.config import DEFAULT_TARGET, PRECISIONS
+from specdec.extras import require_plotting
 from specdec.prompts import SETS, read_set
 from specdec.speculation.policy import predicted_speedup
 
@@ -62,6 +63,7 @@ def parse_candidate(spec: str) -> tuple[str, dict]:
 
 def cmd_profile_drafts(a: argparse.Namespace) -> int:
     from specdec.fileio import atomic_write_text
+    require_plotting(a.plot, "specdec profile-drafts")
     report = run_profile(a)
     atomic_write_text(Path(a.out), json.dumps(report, indent=2))
     print(f"wrote {a.out}", file=sys.stderr)
@@ -171,14 +173,13 @@ def _summarise(a, target: str, candidates, arms, runs, plain_runs) -> dict:
 
 
 def _print_table(report: dict) -> None:
-    print("proposer | params | ms/token | acceptance by domain | predicted / measured speedup", file=sys.stderr)
+    print("proposer | params | ms/token | acceptance by domain | predicted / measured speedup")
     for r in report["proposers"]:
         params = ",".join(f"{k}={v}" for k, v in r["params"].items() if k != "draft_model")
         acc = " ".join(f"{s}={d['acceptance']:.2f}" for s, d in r["domains"].items())
         speed = " ".join(f"{s}={d['predicted_speedup']:.2f}/{d['measured_speedup']:.2f}" for s, d in r["domains"].items())
-        print(f"{r['proposer']} | {params} | {r['ms_per_draft_token']:.1f} (c={r['cost_ratio']:.2f}) | {acc} | {speed}",
-              file=sys.stderr)
-    print("recommended: " + ", ".join(f"{s} -> {p}" for s, p in report["recommendation"].items()), file=sys.stderr)
+        print(f"{r['proposer']} | {params} | {r['ms_per_draft_token']:.1f} (c={r['cost_ratio']:.2f}) | {acc} | {speed}")
+    print("recommended: " + ", ".join(f"{s} -> {p}" for s, p in report["recommendation"].items()))
 
 
 def _plot(report: dict, path: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from specdec.bench.bandwidth import ceiling, measure_read_bandwidth
 from specdec.contention import Contention
+from specdec.extras import require_plotting
 from specdec.bench.peers import DRAFTED_PEERS, check_peers, make_peers, peer_entry, run_peer
 from specdec.config import CacheConfig, DraftConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from specdec.fileio import atomic_write_text
@@ -69,6 +70,7 @@ def _needs_draft(arm: str) -> bool:
 
 
 def run_spec_bench(a) -> dict:
+    require_plotting(a.plot, "specdec bench spec")
     from specdec.bench.weights import resolve_precisions
     from specdec.models.loader import load_model, resolve
     from specdec.models.registry import default_draft
@@ -233,12 +235,12 @@ def _spread(values: list[float]) -> dict:
 
 def _print_table(summary: dict, sets: list[str], arms: list[str]) -> None:
     print(f"{'set':10} {'arm':21} {'tok/s med [min-max]':>24} {'speedup':>8} {'decode tok/s':>13} {'speedup':>8} "
-          f"{'accept':>7} {'tok/fwd':>7} same", file=sys.stderr)
+          f"{'accept':>7} {'tok/fwd':>7} same")
     for s in sets:
         for arm in arms:
             e = summary[s][arm]
             if "tokens_per_second" not in e:
-                print(f"{s:10} {arm:21} failed: {e['failed']}", file=sys.stderr)
+                print(f"{s:10} {arm:21} failed: {e['failed']}")
                 continue
             t = e["tokens_per_second"]
             sp = e.get("speedup", {}).get("median", float("nan"))

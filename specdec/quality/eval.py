@@ -191,7 +191,7 @@ def run_eval(a: argparse.Namespace) -> dict:
               "noisy_runs": sum(r["noisy"] for r in runs), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
               **report.summarize(runs, [x.name for x in arms], sets), "runs": runs}
     paths = report.write(result, Path(a.out_dir))
-    report.print_table(result, file=sys.stderr)
+    report.print_table(result, file=sys.stdout)
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return result
 
