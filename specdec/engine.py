@@ -38,7 +38,7 @@ from specdec.runner.model_runner import ModelRunner
 from specdec.runner.teacher import teacher_forcing
 from specdec.runner.threads import thread_tuner
 from specdec.sample.rejection_sampler import rejection_sample
-from specdec.sample.sampler import top_logprobs
+from specdec.sample.sampler import request_seed, top_logprobs
 from specdec.sample.structured import GrammarCompiler
 from specdec.sample.verifier import Sampler, Verified, Verifier
 from specdec.sampling_params import SamplingParams
@@ -66,6 +66,8 @@ class LLMEngine:
         self.loaded = loaded or load_model(mc.model, mc.precision, mc.device, progress)
         cfg = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
+        if mc.chat_template is not None:
+            self.tokenizer = self.tokenizer.with_chat_template(mc.chat_template)
         self.max_model_len = min(mc.max_model_len or cfg.max_position, cfg.max_position)
         self.kv = KVCacheManager(cc.target_cache_blocks, cc.block_size, cc.enable_prefix_caching)
         self.speculator: Speculator | None = None
@@ -82,6 +84,7 @@ class LLMEngine:
         self.counters = EngineCounters()
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        self._seeds = itertools.count()  # requests seeded from config.model.seed, in arrival order
 
     @property
     def precision(self) -> str:
@@ -95,6 +98,9 @@ class LLMEngine:
         QueueFull when the waiting queue is at its limit. `background`: low priority (admitted only
         when no other request waits, preempted first)."""
         params = params or SamplingParams()
+        if params.seed is None and self.config.model.seed is not None:
+            # drawn from the engine's seed in arrival order, so the same run reproduces (target and draft draws)
+            params = replace(params, seed=request_seed(self.config.model.seed, next(self._seeds)))
         if isinstance(prompt, str):
             ids, text = self.tokenizer.encode(prompt), prompt
         else:
@@ -102,6 +108,10 @@ class LLMEngine:
             bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.tokenizer.vocab_size)]
             if bad:
                 raise ValueError(f"token ids outside the vocabulary (0..{self.tokenizer.vocab_size - 1}): {bad[:5]}")
+        bad = [t for t in params.logit_bias or () if t >= self.tokenizer.vocab_size]
+        if bad:  # the server says so with param logit_bias; the library must not drop them silently
+            raise ValueError(f"logit_bias: token ids outside the vocabulary (0..{self.tokenizer.vocab_size - 1}): "
+                             f"{bad[:5]}")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")

@@ -23,16 +23,19 @@ class LLM:
 
     def __init__(self, model: str = ModelConfig.model, precision: str = ModelConfig.precision, device: str = "cpu",
                  max_model_len: int | None = None, num_threads: int | None = None,
+                 chat_template: str | None = None, seed: int | None = None,
                  cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
                  speculative: SpeculativeConfig | None = None, progress: bool = True,
                  config: EngineConfig | None = None, loaded: LoadedModel | None = None,
                  draft_loaded: LoadedModel | None = None, rejection_sampler=rejection_sample) -> None:
         """`speculative=None` decodes plainly. `precision="auto"` picks the fastest mode that meets the
         precision criterion and says which. `loaded` / `draft_loaded` reuse weights already in memory
-        (another engine's) instead of loading again. `rejection_sampler`: see LLMEngine."""
+        (another engine's) instead of loading again. `rejection_sampler`: see LLMEngine.
+        `chat_template`: a Jinja file or text replacing the model's; `seed`: seeds the requests that
+        carry no seed of their own (in submission order), so a run reproduces."""
         config = config or EngineConfig(
             model=ModelConfig(model=model, precision=precision, device=device, max_model_len=max_model_len,
-                              num_threads=num_threads),
+                              num_threads=num_threads, chat_template=chat_template, seed=seed),
             cache=cache or CacheConfig(), scheduler=scheduler or SchedulerConfig(), speculative=speculative)
         self.engine = LLMEngine(config, progress=progress, loaded=loaded, draft_loaded=draft_loaded,
                                 rejection_sampler=rejection_sampler)

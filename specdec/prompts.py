@@ -18,20 +18,27 @@ def read_prompts_file(path: str) -> list[str]:
     """The prompts of a JSONL file, in order.
 
     Raises:
-        ValueError: a line that is not JSON or has no string "prompt", or a file without prompts.
+        ValueError: a line that is not JSON or has no string "prompt", an empty prompt, or a file
+            without prompts (OSError: a file that cannot be read).
     """
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
     prompts = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON: {e}") from e
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                raise ValueError(f'{path}:{n}: expected an object with a string "prompt"')
-            prompts.append(obj["prompt"])
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON: {e}") from e
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise ValueError(f'{path}:{n}: expected an object with a string "prompt"')
+        if not obj["prompt"]:
+            raise ValueError(f"{path}:{n}: the prompt is empty")
+        prompts.append(obj["prompt"])
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0   # OpenAI's range: a bias of +-100 bans or forces a token
 STRUCTURED_KINDS = ("json", "json_schema", "regex", "grammar", "choice")
 
 
@@ -66,6 +67,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-N logprobs per generated token
     skip_special_tokens: bool = True
     structured: StructuredOutput | None = None  # a JSON schema, regex, grammar or choice the output must match
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before any other processing
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -107,6 +109,8 @@ class SamplingParams:
             raise ValueError("ignore_eos cannot be combined with structured output: the grammar decides where it ends")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.logit_bias is not None:
+            self.logit_bias = _checked_bias(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
@@ -116,6 +120,22 @@ class SamplingParams:
     def needs_penalties(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)
+
+
+def _checked_bias(bias: dict) -> dict[int, float] | None:
+    """logit_bias as {token id: float}, checked (ids non-negative integers, biases finite within
+    +-MAX_LOGIT_BIAS); None when empty. Raises ValueError naming the bad entry."""
+    if not isinstance(bias, dict):
+        raise ValueError("logit_bias must be a map of token id to bias")
+    out = {}
+    for token, value in bias.items():
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            raise ValueError(f"logit_bias keys must be non-negative token ids, got {token!r}")
+        _finite(f"logit_bias[{token}]", value)
+        if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias[{token}] must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {value}")
+        out[token] = float(value)
+    return out or None
 
 
 def _finite(name: str, value: float) -> None:

@@ -62,15 +62,11 @@ class ServerProcess:
         return OpenAI(base_url=self.url + "/v1", max_retries=0, **kw)
 
     def metrics(self) -> dict[str, float]:
-        """Prometheus samples as {'name{labels}': value}."""
+        """Prometheus samples as {'name{labels}': value}, without the model_name label every
+        specdec series carries (test_server_vllm checks it)."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
             text = r.read().decode()
-        out = {}
-        for line in text.splitlines():
-            m = re.match(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?) (\S+)$", line)
-            if m:
-                out[m.group(1)] = float(m.group(2))
-        return out
+        return parse_metrics(text)
 
     def wait_idle(self, timeout: float = 60) -> dict[str, float]:
         """Metrics once no request is running or waiting."""
@@ -93,6 +89,17 @@ class ServerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # anything of its group left behind
         self._log.close()
+
+
+def parse_metrics(text: str, keep_model_name: bool = False) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value}; the model_name label dropped unless kept."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?) (\S+)$", line)
+        if m:
+            key = m.group(1) if keep_model_name else re.sub(r'model_name="[^"]*",?', "", m.group(1))
+            out[key.replace(",}", "}").replace("{}", "")] = float(m.group(2))
+    return out
 
 
 def yaml_server(directory: Path, yaml: str, args: tuple[str, ...] = ("--threads", "1"),

@@ -84,7 +84,8 @@ def test_generate_plain_text_and_chat(capsys, tiny_qwen):
 
 def test_compare_plain_warms_both_engines_up_first(capsys, tiny_qwen, monkeypatch):
     """--compare-plain times speculation and plain decoding after the same warm-up on each engine, so
-    neither side pays the process's first forwards; the warm-up's one-token prompt caches nothing."""
+    neither side pays the process's first forwards (the warm-up's one-token prompt caches nothing),
+    then alternates which side goes first over its rounds."""
     from specdec.llm import LLM
     calls = []
     real = LLM.generate
@@ -94,8 +95,8 @@ def test_compare_plain_warms_both_engines_up_first(capsys, tiny_qwen, monkeypatc
     code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--spec", "ngram", "--chat", "--max-tokens", 6,
                          "--compare-plain", "hi")
     assert code == 0 and "speedup" in err and "identical to plain" in err
-    prompt_len = calls[2][1]
-    assert calls == [(True, 1, 4), (False, 1, 4), (True, prompt_len, 6), (False, prompt_len, 6)]
+    spec, plain = (True, calls[2][1], 6), (False, calls[2][1], 6)
+    assert calls == [(True, 1, 4), (False, 1, 4), spec, plain, plain, spec, spec, plain]
 
 
 @pytest.mark.parametrize("args,match", [

@@ -139,7 +139,7 @@ def test_streamed_tool_calls_match_the_whole_response(server):
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"tools": [WEATHER], "tool_choice": "required", "guided_regex": "a"}, "tool_choice", "cannot be combined"),
-    ({"logit_bias": {"1": 5}}, "logit_bias", "unrecognized field"),
+    ({"modalities": ["audio"]}, "modalities", "unrecognized field"),
     ({"messages": [{"role": "user", "content": "x", "bogus": 1}]}, "messages.0.bogus", "unrecognized"),
 ])
 def test_bad_constraints_and_unknown_fields_are_400s(server, body, param, fragment):

@@ -411,6 +411,27 @@ def test_grammar_parallel(toks):
 
 
 @needs_llguidance
+def test_grammar_parallel_calls_are_bounded(toks):
+    from specdec.server.tools import MAX_PARALLEL_CALLS
+    g = tool_grammar(check_tools([NOW]), None, True)
+    calls = [block("now", "{}")] * MAX_PARALLEL_CALLS
+    assert accepts(toks, g, "\n".join(calls))
+    assert not accepts(toks, g, "\n".join(calls + [block("now", "{}")]))   # the grammar ends: the model stops
+
+
+def test_truncated_output_drops_the_unfinished_call():
+    text = "Sure." + block("now", "{}") + '\n<tool_call>\n{"name": "get_weather", "argu'
+    content, calls = parse_tool_calls(text, truncated=True)
+    assert content == "Sure." and [c["function"]["name"] for c in calls] == ["now"]
+    assert parse_tool_calls("Hi <tool_c", truncated=True) == ("Hi ", [])
+    assert parse_tool_calls('<tool_call>\n{"name": "f", "arguments": {"a', truncated=True) == (None, [])
+    for pieces in (["a <tool_call"], ['x<tool_call>\n{"name": "f", '], ["Hi <tool_"]):
+        stream = ToolCallStream()
+        deltas = [d for p in pieces for d in stream.feed(p)] + stream.finish(truncated=True)
+        assert "<" not in "".join(d.get("content", "") for d in deltas) and stream.calls == []
+
+
+@needs_llguidance
 def test_grammar_open_schema(toks):
     anything = {"type": "function", "function": {"name": "any", "parameters": {
         "type": "object", "properties": {}, "additionalProperties": True}}}

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from specdec.contention import Contention
+from specdec.extras import require_plotting
 from specdec.config import CacheConfig, EngineConfig, ModelConfig
 from specdec.fileio import atomic_write_text
 from specdec.prompts import read_set
@@ -41,6 +42,7 @@ def _one_prompt(llms: dict, modes: list[str], ids: list[int], params: SamplingPa
 
 
 def run_precision_bench(a) -> dict:
+    require_plotting(a.plot, "specdec bench precision")
     from tqdm import tqdm
 
     from specdec.llm import LLM

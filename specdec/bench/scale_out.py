@@ -27,6 +27,7 @@ from pathlib import Path
 
 from specdec.bench.serve_bench import percentile
 from specdec.bench.soak import free_port
+from specdec.extras import require_plotting
 from specdec.fileio import atomic_write_text
 from specdec.prompts import read_set
 
@@ -175,6 +176,7 @@ def _load(port: int, a, prompts: list[str]) -> dict:
 
 
 def run_replicas_bench(a) -> dict:
+    require_plotting(a.plot, "specdec bench replicas")
     from tqdm import tqdm
     arms = a.arms.split(",")
     prompts = read_set("chat")
@@ -229,6 +231,7 @@ def _conversation(port: int, a, first: str) -> list[dict]:
 
 
 def run_affinity_bench(a) -> dict:
+    require_plotting(a.plot, "specdec bench affinity")
     from tqdm import tqdm
     firsts = read_set("chat")[: a.conversations]
     arms, out = ("affinity", "random"), Path(a.out)

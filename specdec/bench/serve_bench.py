@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from specdec.contention import Contention
+from specdec.extras import require_plotting
 from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from specdec.fileio import atomic_write_text
 from specdec.prompts import read_set
@@ -90,6 +91,7 @@ async def _run_rate(engine, prompts: list[list[int]], arrivals: list[float], par
 
 
 def run_serve_bench(a) -> dict:
+    require_plotting(a.plot, "specdec bench serve")
     from tqdm import tqdm
 
     from specdec.bench.weights import resolve_precisions

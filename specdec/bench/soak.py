@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from specdec.bench.serve_bench import percentile
 from specdec.bench.soak_clients import EXPECTED, MIX, Outcome, Soak, client, request
+from specdec.extras import require_plotting
 from specdec.fileio import atomic_write_text
 from specdec.prompts import SETS, read_set
 
@@ -53,7 +55,7 @@ def _metrics(s: Soak) -> dict[str, float]:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
-            out[name] = float(value)
+            out[re.sub(r'model_name="[^"]*",?', "", name).replace(",}", "}").replace("{}", "")] = float(value)
     return out
 
 
@@ -125,6 +127,7 @@ def summarize(outcomes: list[Outcome]) -> dict:
 
 
 def run_soak_bench(a) -> dict:
+    require_plotting(a.plot, "specdec bench soak")
     port = free_port()
     log_path = Path(a.out).with_suffix(".server.log")
     proc = _start_server(a, port, log_path)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
+from specdec.extras import require_plotting
 from specdec.fileio import atomic_write_text
 from specdec.models.llama import LlamaConfig, LlamaModel, param_shapes
 from specdec.runner.model_runner import ModelRunner
@@ -195,4 +196,5 @@ def run_steps_bench(a) -> dict:
     if bad or a.context < 1 or a.repeats < 1 or min(rows) < 1:
         raise ValueError(f"steps: precisions from {', '.join((*DTYPES, *INT_MODES, PEER))}, "
                          "--context, --repeats and --rows >= 1")
+    require_plotting(a.plot, "specdec bench steps")
     return run(a.shapes.split(","), precisions, a.device, rows, a.context, a.repeats, a.out, a.plot or None)

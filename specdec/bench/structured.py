@@ -21,6 +21,7 @@ from pathlib import Path
 
 from specdec.config import CacheConfig, DraftConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from specdec.contention import Contention
+from specdec.extras import require, require_plotting
 from specdec.fileio import atomic_write_text
 from specdec.request import SpecOptions
 from specdec.sampling_params import SamplingParams, StructuredOutput
@@ -139,6 +140,8 @@ def _summarize(runs: list[dict], arms: list[str]) -> dict:
 
 
 def run_structured_bench(a) -> dict:
+    require("jsonschema", "bench", "specdec bench structured")
+    require_plotting(a.plot, "specdec bench structured")
     from tqdm import tqdm
 
     from specdec.bench.weights import resolve_precisions

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from specdec.contention import Contention
+from specdec.extras import require_plotting
 from specdec.fileio import atomic_write_text
 
 KERNELS = ("float32", "int4", "int4-a16", "int4-a8")
@@ -72,6 +73,7 @@ class Competitors:
 
 
 def run_threads_bench(a) -> dict:
+    require_plotting(a.plot, "specdec bench threads")
     from tqdm import tqdm
 
     from specdec.quant import kernel

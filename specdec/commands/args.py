@@ -3,6 +3,7 @@ map to. Defaults come from the config dataclasses, so the flags and the configs 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from specdec.catalog import default_draft
 from specdec.config import (
@@ -14,6 +15,7 @@ from specdec.config import (
     DraftConfig,
     EngineConfig,
     ModelConfig,
+    SchedulerConfig,
     SpeculativeConfig,
 )
 from specdec.sampling_params import SamplingParams
@@ -39,6 +41,43 @@ def add_model_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
                    help="intra-op threads (default: chosen per forward by measurement)")
 
 
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """vLLM's engine flags: --chat-template, --max-num-seqs (alias --max-batch-size),
+    --max-num-batched-tokens. Each is None unless given."""
+    p.add_argument("--chat-template", metavar="FILE_OR_TEXT", default=None,
+                   help="a Jinja chat template (a file, or the template text) instead of the model's own")
+    p.add_argument("--max-num-seqs", "--max-batch-size", dest="max_batch_size", type=int, default=None, metavar="N",
+                   help=f"requests running at once (default {SchedulerConfig.max_batch_size})")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help=f"token budget of one step (default {SchedulerConfig.max_num_batched_tokens})")
+
+
+def scheduler_overrides(a: argparse.Namespace) -> dict:
+    """The SchedulerConfig fields the flags give."""
+    given = {"max_batch_size": a.max_batch_size, "max_num_batched_tokens": a.max_num_batched_tokens}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def check_device(device: str, where: str = "--device") -> None:
+    """Refuse a CUDA device on a machine without CUDA before anything loads (ValueError, one line)."""
+    if device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise ValueError(f"{where} {device}: CUDA is not available here (torch.cuda.is_available() is "
+                             "false); use --device cpu")
+
+
+def check_chat_template(setting: str | None, where: str = "--chat-template") -> None:
+    """Read and compile a chat template setting before any model loads (ValueError naming `where`)."""
+    if setting is None:
+        return
+    from specdec.models.tokenizer import compile_chat_template, read_chat_template
+    try:
+        compile_chat_template(read_chat_template(setting))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -47,7 +86,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--presence-penalty", type=float, default=0.0)
     p.add_argument("--frequency-penalty", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="seeds the run (vLLM's engine seed): each prompt draws its own stream from it, reproducibly")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
@@ -70,9 +110,13 @@ def add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     g.add_argument("--spec", choices=registry.kinds(), help="speculation method: " + "; ".join(
         f"{k}: {registry.get(k).description}" for k in registry.kinds()))
     g.add_argument("--no-spec", action="store_true", help="plain decoding (k = 0 throughout)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int,
-                   default=SpeculativeConfig.num_speculative_tokens if defaults else None,
-                   help="k for the fixed policy, the maximum k otherwise")
+    p.add_argument("--speculative-config", metavar="JSON", default=None,
+                   help='vLLM\'s speculative config, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_max": 4}\' (methods: ngram, draft_model, suffix, hybrid; '
+                        'instead of --spec / --draft / --no-spec / -k)')
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None,
+                   help=f"k for the fixed policy, the maximum k otherwise (default "
+                        f"{SpeculativeConfig.num_speculative_tokens})")
     p.add_argument("--spec-policy", choices=SPEC_POLICIES, default=SpeculativeConfig.policy if defaults else None)
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft model scores only N frequent tokens (cheaper steps; still lossless)")
@@ -86,6 +130,8 @@ def speculative_config(a: argparse.Namespace, model: str | None = None) -> Specu
     default draft for a registry target, otherwise n-gram lookup. `model`: the target (default
     --model). Raises ValueError for a kind that needs a model when the target has no default draft."""
     model = model or a.model
+    if a.speculative_config is not None:
+        return _from_json(a, model)
     if a.no_spec:
         if a.draft:
             raise ValueError("--draft and --no-spec contradict each other")
@@ -108,6 +154,19 @@ def speculative_config(a: argparse.Namespace, model: str | None = None) -> Specu
                              policy=a.spec_policy or SpeculativeConfig.policy,
                              controller=ControllerConfig(deterministic=a.spec_deterministic),
                              draft=DraftConfig(precision=a.draft_precision, vocab_size=a.draft_vocab))
+
+
+def _from_json(a: argparse.Namespace, model: str) -> SpeculativeConfig:
+    """--speculative-config, with --spec-policy, --spec-deterministic and the draft's settings on top."""
+    from specdec.commands import spec_json
+    given = [flag for flag, value in (("--spec", a.spec), ("--draft", a.draft), ("--no-spec", a.no_spec),
+                                      ("-k", a.num_speculative_tokens)) if value not in (None, False)]
+    if given:
+        raise ValueError(f"{spec_json.FLAG} and {given[0]} both set the speculation: keep one")
+    spec = spec_json.parse(a.speculative_config, model)
+    return dataclasses.replace(spec, policy=a.spec_policy or spec.policy,
+                               controller=ControllerConfig(deterministic=a.spec_deterministic),
+                               draft=DraftConfig(precision=a.draft_precision, vocab_size=a.draft_vocab))
 
 
 def describe_speculation(spec: SpeculativeConfig | None) -> str:

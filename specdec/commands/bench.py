@@ -18,6 +18,7 @@ _ARMS = {"serve": "plain,draft", "spec": "plain,draft_fixed,draft_cost_model,ngr
          "structured": "plain,forced,suffix,hybrid", "replicas": "single,ray2"}
 _PROMPTS = {"decode": str(set_path("code_gen")), "structured": str(set_path("structured"))}
 _MAX_TOKENS = {"structured": 384}
+_NO_PLOT = ("decode", "matmul")   # modes that draw nothing
 _NUM_PROMPTS = {"structured": 0}   # a structured output ends where its grammar does: room to get there
 
 
@@ -129,6 +130,11 @@ def _pull_models(a: argparse.Namespace) -> None:
 
 def cmd_bench(a: argparse.Namespace) -> int:
     a = _with_mode_defaults(a)
+    from specdec.extras import require, require_plotting
+    if a.mode not in _NO_PLOT:   # before any pull: a missing extra fails at once
+        require_plotting(a.plot, f"specdec bench {a.mode}")
+    if a.mode == "structured":
+        require("jsonschema", "bench", "specdec bench structured")
     _pull_models(a)
     if a.mode == "decode":
         from specdec.bench.decode import run_decode_bench

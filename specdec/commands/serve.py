@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 
 from specdec.commands.args import (
+    add_engine_args,
     add_model_args,
     add_spec_args,
+    check_chat_template,
+    check_device,
     check_pulled,
     config_models,
     describe_speculation,
+    scheduler_overrides,
     speculative_config,
 )
 from specdec.config import (
+    LOG_LEVELS,
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -29,10 +35,18 @@ from specdec.config import (
 
 def register(sub: argparse._SubParsersAction) -> None:
     sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    sv.add_argument("model_arg", nargs="?", metavar="MODEL", help="the model (as vLLM's `vllm serve MODEL`; "
+                                                                  "or --model)")
     sv.add_argument("--config", help="YAML config (execution_config, speculative, server); flags override it")
     add_model_args(sv, defaults=False)
-    sv.add_argument("--max-batch-size", type=int, default=None)
+    add_engine_args(sv)
+    sv.add_argument("--seed", type=int, default=None,
+                    help="seeds requests that carry no seed, in arrival order (a run reproduces)")
     add_spec_args(sv, defaults=False)
+    sv.add_argument("--served-model-name", default=None,
+                    help="the model name /v1/models reports (default: the target's)")
+    sv.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+                    help="default info: one access-log line per request")
     sv.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=None)
     sv.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (or set SPECDEC_API_KEY)")
@@ -54,22 +68,45 @@ def register(sub: argparse._SubParsersAction) -> None:
 def serve_configs(a: argparse.Namespace) -> tuple[EngineConfig, ServerConfig, ServingConfig]:
     """The engine, server and serving configs from --config (if any), then the flags given on top.
     Precision `auto` (the default without a file) is resolved by the engine when it is built."""
-    engine_cfg, server_cfg, serving = (load_yaml_config(a.config) if a.config
+    _merge_model_arg(a)
+    engine_cfg, server_cfg, serving = (_read_config(a.config) if a.config
                                        else (EngineConfig(), ServerConfig(), ServingConfig()))
     model = _model_config(a, engine_cfg.model)
-    sched = dataclasses.asdict(engine_cfg.scheduler)
-    if a.max_batch_size is not None:
-        sched["max_batch_size"] = a.max_batch_size
+    sched = {**dataclasses.asdict(engine_cfg.scheduler), **scheduler_overrides(a)}
     engine_cfg = EngineConfig(model=model, cache=CacheConfig(**dataclasses.asdict(engine_cfg.cache)),
                               scheduler=SchedulerConfig(**sched),
                               speculative=_speculative(a, engine_cfg.speculative, model.model))
     return engine_cfg, _server_config(a, server_cfg), _serving_config(a, serving)
 
 
+def _merge_model_arg(a: argparse.Namespace) -> None:
+    """`serve MODEL` (vLLM's form) and `--model MODEL` are one setting: given twice, they must agree."""
+    if a.model_arg is not None:
+        if a.model is not None and a.model != a.model_arg:
+            raise ValueError(f"MODEL {a.model_arg} and --model {a.model} differ: give the model once")
+        a.model = a.model_arg
+
+
+def _read_config(path: str) -> tuple[EngineConfig, ServerConfig, ServingConfig]:
+    try:
+        return load_yaml_config(path)
+    except OSError as e:
+        raise ValueError(f"--config: cannot read {path}: {e.strerror}") from None
+
+
+def check_before_loading(engine_cfg: EngineConfig, a: argparse.Namespace) -> None:
+    """What fails without a model, failed before one loads: a CUDA device without CUDA, a chat
+    template that cannot be read or does not parse (named by the flag, or the YAML key)."""
+    check_device(engine_cfg.model.device, "--device" if a.device is not None else "execution_config.device")
+    check_chat_template(engine_cfg.model.chat_template,
+                        "--chat-template" if a.chat_template is not None else "execution_config.chat_template")
+
+
 def _model_config(a: argparse.Namespace, base: ModelConfig) -> ModelConfig:
     model = dataclasses.asdict(base)
     for flag, name in (("model", "model"), ("precision", "precision"), ("device", "device"),
-                       ("max_model_len", "max_model_len"), ("threads", "num_threads")):
+                       ("max_model_len", "max_model_len"), ("threads", "num_threads"),
+                       ("chat_template", "chat_template"), ("seed", "seed")):
         if getattr(a, flag) is not None:
             model[name] = getattr(a, flag)
     return ModelConfig(**model)
@@ -77,9 +114,9 @@ def _model_config(a: argparse.Namespace, base: ModelConfig) -> ModelConfig:
 
 def _speculative(a: argparse.Namespace, base: SpeculativeConfig | None, model: str) -> SpeculativeConfig | None:
     """The flags' speculation without a file, or when they name a method (--draft, --spec,
-    --no-spec); otherwise the file's, with -k, --spec-policy and --draft-precision on top."""
+    --no-spec, --speculative-config); otherwise the file's, with -k, --spec-policy and --draft-precision on top."""
     spec = base
-    if a.config is None or a.no_spec or a.draft or a.spec:
+    if a.config is None or a.no_spec or a.draft or a.spec or a.speculative_config:
         spec = speculative_config(a, model)
     elif spec is not None:
         given = {"num_speculative_tokens": a.num_speculative_tokens, "policy": a.spec_policy}
@@ -97,7 +134,7 @@ def _speculative(a: argparse.Namespace, base: SpeculativeConfig | None, model: s
 
 def _server_config(a: argparse.Namespace, base: ServerConfig) -> ServerConfig:
     server = dataclasses.asdict(base)
-    for name in ("host", "port", "api_key", "shadow_fraction"):
+    for name in ("host", "port", "api_key", "shadow_fraction", "served_model_name", "log_level"):
         if getattr(a, name) is not None:
             server[name] = getattr(a, name)
     if server["api_key"] is None and os.environ.get("SPECDEC_API_KEY"):
@@ -115,9 +152,14 @@ def _serving_config(a: argparse.Namespace, base: ServingConfig) -> ServingConfig
     return serving
 
 
-def cmd_serve(a: argparse.Namespace) -> int:
-    import logging
+def configure_logging(level: str) -> None:
+    """Log lines on stderr from `level` (critical ... debug) on; at info, one access line per request.
+    The level is set even where a handler already exists (basicConfig then does nothing)."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level.upper())
 
+
+def cmd_serve(a: argparse.Namespace) -> int:
     import uvicorn
 
     from specdec.engine import LLMEngine
@@ -125,8 +167,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from specdec.server.async_engine import AsyncEngine
     from specdec.server.lifecycle import DrainingServer, JSONErrorsH11
     engine_cfg, server_cfg, serving = serve_configs(a)
+    check_before_loading(engine_cfg, a)
     check_pulled(config_models(engine_cfg))  # a server installs nothing: say which pull is missing, exit 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(server_cfg.log_level)
     if serving.on_ray:
         from specdec.serve_ray.launch import run
         return run(engine_cfg, server_cfg, serving, engine_cfg.model.model.rsplit("/", 1)[-1])
@@ -143,7 +186,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     auth = "API key required" if server_cfg.api_key else "no API key"
     print(f"serving {engine_cfg.model.model} on http://{server_cfg.host}:{server_cfg.port} ({auth}); "
           "/health answers 503 until the models are loaded", file=sys.stderr)
-    config = uvicorn.Config(app, host=server_cfg.host, port=server_cfg.port, log_level="warning",
+    # uvicorn's own lines (startup, its access log) only from warning on: ours say the same
+    uvicorn_level = server_cfg.log_level if server_cfg.log_level in ("error", "critical") else "warning"
+    config = uvicorn.Config(app, host=server_cfg.host, port=server_cfg.port, log_level=uvicorn_level,
                             timeout_graceful_shutdown=5, http=JSONErrorsH11)
     try:
         DrainingServer(config, app.state.specdec).run()

@@ -12,12 +12,15 @@ Contract:
   Qwen2.5), not the model's padded embedding size, and `never_sample_ids` is empty.
 - `encode` matches special tokens written in the text as single ids and prepends BOS only when `add_bos`.
 - `eos_token_ids` lists every id that ends generation; `never_sample_ids` lists ids the sampler must mask.
+- Chat templates render in a sandboxed Jinja environment (`compile_chat_template`, shared with the CLI's early
+  check); `with_chat_template` gives a copy with another template and leaves the shared tokenizer alone.
 - `IncrementalDetokenizer` streams text without ever emitting part of a UTF-8 character, and its deltas join
   to `decode(all ids)` once the ids end on a whole character.
 """
 from __future__ import annotations
 
 import codecs
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -117,6 +120,30 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
+def compile_chat_template(text: str) -> jinja2.Template:
+    """A Jinja chat template, compiled in the environment transformers uses: templates are untrusted
+    code, so sandboxed. Raises ValueError (one line) when it does not parse."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
+        json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    env.globals["raise_exception"] = _raise_exception
+    try:
+        return env.from_string(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"the chat template does not parse: {e.message} (line {e.lineno})") from None
+
+
+def read_chat_template(value: str) -> str:
+    """The template a `chat_template` setting names: a file's text, or the value itself when it is
+    template text (holds `{{` or `{%`). Raises ValueError for a file that cannot be read."""
+    if "{{" in value or "{%" in value:
+        return value
+    try:
+        return Path(value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {value}: {getattr(e, 'strerror', None) or e}") from None
+
+
 class Tokenizer:
     """A byte-level BPE tokenizer plus the special-token facts the engine needs (see module docstring)."""
 
@@ -210,6 +237,15 @@ class Tokenizer:
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special
 
+    def with_chat_template(self, setting: str) -> Tokenizer:
+        """A copy that renders chats with another template (`setting`: a file or the template text,
+        as ModelConfig.chat_template); the loaded model's tokenizer, which other engines may share,
+        keeps its own. Raises ValueError for a file that cannot be read or a template that does not parse."""
+        tok = copy.copy(self)
+        tok.chat_template = read_chat_template(setting)
+        tok._template = compile_chat_template(tok.chat_template)
+        return tok
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
         """The conversation as the model's prompt; `tools`: OpenAI tool definitions, which the template
@@ -217,13 +253,7 @@ class Tokenizer:
         if self.chat_template is None:
             raise ValueError("this model has no chat template")
         if self._template is None:
-            # Same environment as transformers: templates are untrusted code, so sandboxed.
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[jinja2.ext.loopcontrols])
-            env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
-                json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-            env.globals["raise_exception"] = _raise_exception
-            self._template = env.from_string(self.chat_template)
+            self._template = compile_chat_template(self.chat_template)
 
         def name(i: int | None) -> str | None:
             return self.token_strings[i] if i is not None and 0 <= i < self.vocab_size else None

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specdec.config import PRECISIONS, SPEC_POLICIES
+from specdec.extras import require
 
 if TYPE_CHECKING:  # the CLI imports this module to register the subcommand: keep that light
     from specdec.engine import LLMEngine
@@ -167,6 +168,8 @@ def run_eval(a: argparse.Namespace) -> dict:
 
     if a.num_prompts < 1 or a.max_tokens < 1:
         raise ValueError("--num-prompts and --max-tokens must be at least 1")
+    for module in ("rouge_score", "sacrebleu", "matplotlib"):  # the scores and the report's plots
+        require(module, "bench", "specdec eval")
     arms = [Arm.parse(REFERENCE)] + parse_candidates(a.candidates)
     if arms.count(arms[0]) > 1:
         raise ValueError(f"{REFERENCE} is the reference; it cannot also be a candidate")

@@ -1,10 +1,11 @@
-"""Logits processors: penalties, temperature, top-k, top-p, min-p, over a batch of rows.
+"""Logits processors: logit bias, penalties, temperature, top-k, top-p, min-p, over a batch of rows.
 
-Applied with each row's own parameters, in the order penalties -> temperature -> top-k -> top-p ->
-min-p. A request owns consecutive rows (its verification positions); row j counts the drafts before
-it as output for the penalties. Penalties are scattered per request over its rows; temperature and
-the filters run over the whole batch at once, one partial sort per row. The draft model applies the
-same function to its rows, so both sides sample from the same processed distribution.
+Applied with each row's own parameters, in the order logit bias -> penalties -> temperature ->
+top-k -> top-p -> min-p (bias first, as vLLM: it is part of the request's distribution). A request
+owns consecutive rows (its verification positions); row j counts the drafts before it as output for
+the penalties. Penalties are scattered per request over its rows; temperature and the filters run
+over the whole batch at once, one partial sort per row. The draft model applies the same function
+to its rows, so both sides sample from the same processed distribution.
 """
 from __future__ import annotations
 
@@ -32,10 +33,13 @@ class RowGroup:
 
 def process_rows(logits: torch.Tensor, groups: list[RowGroup], in_place: bool = False) -> torch.Tensor:
     """Raw float32 logits [sum(num_rows), vocab] -> processed logits for sampling (a copy unless
-    `in_place`). Greedy rows get penalties only: temperature and filters cannot change the argmax."""
+    `in_place`). Greedy rows get the bias and penalties only: temperature and filters cannot change
+    the argmax."""
     out = logits if in_place else logits.clone()
     start = 0
     for g in groups:
+        if g.params.logit_bias:
+            _add_bias(out[start:start + g.num_rows], g.params.logit_bias)
         if g.params.needs_penalties:
             out[start:start + g.num_rows] = _penalize(out[start:start + g.num_rows], g)
         start += g.num_rows
@@ -54,6 +58,16 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: lis
                    output_ids: list[int]) -> torch.Tensor:
     """One row [vocab] -> processed logits (a copy)."""
     return process_rows(logits[None], [RowGroup(params, prompt_ids, output_ids)])[0]
+
+
+def _add_bias(rows: torch.Tensor, bias: dict[int, float]) -> None:
+    """rows [n, width] += bias, in place; ids past the width are skipped (a draft's smaller
+    vocabulary has no such token to bias)."""
+    width = rows.shape[-1]
+    kept = [(t, b) for t, b in bias.items() if t < width]
+    if kept:
+        ids = torch.tensor([t for t, _ in kept], dtype=torch.long, device=rows.device)
+        rows[:, ids] += torch.tensor([b for _, b in kept], dtype=rows.dtype, device=rows.device)
 
 
 def _penalize(rows: torch.Tensor, g: RowGroup) -> torch.Tensor:

@@ -6,6 +6,8 @@ whatever else is in the batch.
 """
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 
@@ -16,6 +18,13 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     else:
         g.manual_seed(seed)
     return g
+
+
+def request_seed(engine_seed: int, index: int) -> int:
+    """The seed of the index-th request without one of its own, on an engine seeded with engine_seed
+    (hashed, so that neighbouring requests' streams are unrelated)."""
+    digest = hashlib.blake2b(f"{engine_seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # < 2**63: torch seeds and the draft's seed + 1 both fit
 
 
 def top_logprobs(raw_logits: torch.Tensor, token_id: int, n: int) -> dict[int, float]:

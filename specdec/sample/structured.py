@@ -12,6 +12,7 @@ among the tokens the grammar allows.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 
@@ -68,6 +69,23 @@ class GrammarCompiler:
         if m.is_error():
             raise ValueError(f"invalid {_NAMES[structured.kind]}: {m.get_error()}")
         return GrammarState(m, self._tokenizer.vocab_size)
+
+
+def check_structured(structured: StructuredOutput) -> None:
+    """Validate a schema, regex or grammar without a tokenizer, so that a caller can refuse it
+    before any model loads (the CLI; a server could too). Raises ValueError: one line naming the problem."""
+    from llguidance import LLMatcher
+    name = _NAMES[structured.kind]
+    try:
+        grammar = grammar_text(structured)
+    except ValueError as e:  # a grammar that is neither Lark nor GBNF
+        raise ValueError(f"invalid {name}: {e}") from None
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
+    if is_error:
+        # the message without llguidance's caret diagrams and source echoes
+        lines = [ln.strip() for ln in (messages[0] if messages else "rejected").splitlines()]
+        text = " ".join(ln for ln in lines if ln and set(ln) != {"^"} and not re.match(r"\d+ \| ", ln))
+        raise ValueError(f"invalid {name}: {text}")
 
 
 _NAMES = {"json": "JSON mode", "json_schema": "JSON schema", "regex": "regular expression", "grammar": "grammar",

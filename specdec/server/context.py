@@ -42,10 +42,14 @@ class ServerContext:
         eng = self.ready_engine()
         if self.draining:
             raise APIError(503, "the server is shutting down", code="shutting_down", retry=True)
+        self.check_model(model)
+        return eng
+
+    def check_model(self, model: str | None) -> None:
+        """Raises the 404 every route gives a model name that is not the served one (None: any)."""
         if model is not None and model != self.served_model and model not in self.aliases:
             raise APIError(404, f"the model {model!r} is not served here (served: {self.served_model!r}); "
                                 "drafts are chosen per request with speculative.method", "model", "model_not_found")
-        return eng
 
 
 def context(request: Request) -> ServerContext:

@@ -78,6 +78,9 @@ def install_error_handlers(app: FastAPI, on_reject: Callable[[int], None], retry
         return error(e.status_code, str(e.detail), headers=e.headers)
 
     @app.exception_handler(Exception)
-    async def _internal_error(_: Request, e: Exception):
+    async def _internal_error(request: Request, e: Exception):
         log.exception("internal error")
-        return JSONResponse(error_body(500, "internal server error"), status_code=500)
+        # answered outside the middleware stack: the request id header is added here
+        record = request.scope.get("state", {}).get("access")
+        headers = {"x-request-id": record.request_id} if record is not None else None
+        return JSONResponse(error_body(500, "internal server error"), status_code=500, headers=headers)

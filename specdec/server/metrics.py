@@ -3,7 +3,10 @@
 Latency histograms and request counters are observed as requests finish; everything the engine
 already counts (tokens, queue, blocks, preemptions, speculation per proposer) is read at scrape time
 from its stats snapshot (`LLMEngine.stats()`, plain dataclasses) by a custom collector, so the
-engine itself carries no Prometheus code and the server reads none of its internals."""
+engine itself carries no Prometheus code and the server reads none of its internals.
+
+Every series carries `model_name` (the served model, vLLM's label name), added as the page is
+collected, so no family, the shadow A/B's included, can forget it."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -19,20 +22,24 @@ _TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
 
 
 class ServerMetrics:
-    def __init__(self, snapshot: Callable[[], EngineStats | None]) -> None:
-        """`snapshot`: the engine's stats between two steps, None while it loads (AsyncEngine.stats)."""
+    def __init__(self, snapshot: Callable[[], EngineStats | None], model_name: str) -> None:
+        """`snapshot`: the engine's stats between two steps, None while it loads (AsyncEngine.stats).
+        `source` holds the series (register more there); `registry` is the page served, each series
+        labelled model_name=`model_name`."""
+        self.source = CollectorRegistry()
         self.registry = CollectorRegistry()
+        self.registry.register(_ModelLabel(self.source, model_name))
         self.requests = Counter("specdec_requests", "Requests by final status (stop, length, abort, rejected_4xx)",
-                                ["status"], registry=self.registry)
+                                ["status"], registry=self.source)
         self.ttft = Histogram("specdec_time_to_first_token_seconds", "Submission to first token",
-                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+                              buckets=_LATENCY_BUCKETS, registry=self.source)
         self.tpot = Histogram("specdec_time_per_output_token_seconds", "Decode time per output token after the first",
-                              buckets=_TPOT_BUCKETS, registry=self.registry)
+                              buckets=_TPOT_BUCKETS, registry=self.source)
         self.by_proposer = Counter("specdec_requests_by_proposer", "Finished requests by the proposer(s) that "
-                                   "drafted for them (none: plain decoding)", ["proposer"], registry=self.registry)
+                                   "drafted for them (none: plain decoding)", ["proposer"], registry=self.source)
         self.e2e = Histogram("specdec_e2e_request_latency_seconds", "Submission to last token",
-                             buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.registry.register(_EngineCollector(snapshot))
+                             buckets=_LATENCY_BUCKETS, registry=self.source)
+        self.source.register(_EngineCollector(snapshot))
 
     def finished(self, out: RequestOutput) -> None:
         s = out.stats
@@ -46,6 +53,20 @@ class ServerMetrics:
 
     def rejected(self, status_code: int) -> None:
         self.requests.labels(f"rejected_{status_code}").inc()
+
+
+class _ModelLabel:
+    """A collector re-yielding every family of `source` with model_name added to each sample."""
+
+    def __init__(self, source: CollectorRegistry, model_name: str) -> None:
+        self.source, self.model_name = source, model_name
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [s._replace(labels={"model_name": self.model_name, **s.labels})
+                                for s in family.samples]
+            yield labelled
 
 
 class _EngineCollector:

@@ -1,10 +1,16 @@
-"""Request gates: the body-size limit (ASGI middleware) and the API-key checks (FastAPI
-dependencies for the routes that need them)."""
+"""Request gates and bookkeeping: the request id and access log (outermost ASGI middleware), the
+body-size limit (ASGI middleware) and the API-key checks (FastAPI dependencies for the routes that
+need them)."""
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import re
+import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -13,6 +19,68 @@ from specdec.server.context import context
 from specdec.server.errors import APIError, error_body
 
 _DRAIN_FACTOR = 16  # an oversized body is drained up to this many times the limit
+# a client's x-request-id is echoed only when it is short printable ASCII (it lands in logs and headers)
+_CLIENT_ID = re.compile(r"[\x21-\x7e]{1,128}")
+access_log = logging.getLogger("specdec.access")
+
+
+@dataclass
+class AccessRecord:
+    """What the access-log line says about one request; the routes fill in the token counts."""
+    request_id: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+def request_id_of(headers: dict[bytes, bytes]) -> str:
+    """The client's x-request-id when it is acceptable, else a fresh one."""
+    given = headers.get(b"x-request-id", b"").decode("latin-1")
+    return given if _CLIENT_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def access_record(request: Request) -> AccessRecord:
+    """The request's record (a detached one when the app runs without RequestLog)."""
+    record = request.scope.get("state", {}).get("access")
+    return record if record is not None else AccessRecord(uuid.uuid4().hex)
+
+
+class RequestLog:
+    """ASGI middleware, outermost: every answer carries `x-request-id` (the client's, or a new one),
+    and each request ends with one INFO line on `specdec.access`: id, method and route, status,
+    prompt / completion tokens when known, seconds. A stream is logged when it ends. The fields are
+    also on the log record (`extra`), for handlers that format their own lines."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        record = AccessRecord(request_id_of(dict(scope.get("headers") or [])))
+        scope.setdefault("state", {})["access"] = record
+        header = (b"x-request-id", record.request_id.encode())
+        status, started = 500, time.perf_counter()   # 500: the app raised before answering
+
+        async def send_with_id(msg) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+                msg = {**msg, "headers": [*msg.get("headers", []), header]}
+            await send(msg)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            _log_access(scope, record, status, time.perf_counter() - started)
+
+
+def _log_access(scope, record: AccessRecord, status: int, seconds: float) -> None:
+    route = getattr(scope.get("route"), "path", None) or scope.get("path", "")  # the template: few distinct values
+    tokens = "" if record.prompt_tokens is None else \
+        f" prompt_tokens={record.prompt_tokens} completion_tokens={record.completion_tokens}"
+    access_log.info("%s \"%s %s\" %d%s %.3fs", record.request_id, scope.get("method"), route, status, tokens,
+                    seconds, extra={"request_id": record.request_id, "method": scope.get("method"), "route": route,
+                                    "status": status, "prompt_tokens": record.prompt_tokens,
+                                    "completion_tokens": record.completion_tokens, "seconds": seconds})
 
 
 class BodyLimit:
@@ -73,6 +141,12 @@ async def check_auth(request: Request) -> None:
     given = hashlib.sha256(request.headers.get("authorization", "").encode()).digest()
     if not hmac.compare_digest(given, ctx.expected_auth):  # digests: equal length, so no length leak
         raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key")
+
+
+async def check_metrics_auth(request: Request) -> None:
+    """/metrics is open unless server.metrics_require_key asks for the API key there too."""
+    if context(request).config.metrics_require_key:
+        await check_auth(request)
 
 
 async def check_admin(request: Request) -> None:

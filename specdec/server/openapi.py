@@ -106,6 +106,21 @@ class Health(_Doc):
     status: str
 
 
+class Tokenized(_Doc):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class Detokenized(_Doc):
+    prompt: str
+
+
+class Version(_Doc):
+    version: str
+
+
 _WHY = {400: "Invalid request (the message names the field)", 401: "Missing or wrong API key",
         403: "Admin endpoints disabled (no API key configured)",
         404: "The model named is not served here (code model_not_found)",

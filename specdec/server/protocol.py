@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from specdec.request import SpecOptions
-from specdec.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutput
+from specdec.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams, StructuredOutput
 
 MAX_STOP = 16          # stop strings per request
 MAX_TOP_LOGPROBS = MAX_LOGPROBS
+MAX_LOGIT_BIAS_ENTRIES = 1024   # biased tokens per request (each is work on every row it samples)
 
 
 def _unicode(v: Any) -> Any:
@@ -90,6 +91,8 @@ class _Sampling(_Strict):
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     ignore_eos: bool = False
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
+    # OpenAI's map of token id (a string key in JSON) -> bias in [-100, 100], added to the logit
+    logit_bias: dict[str, float] | None = None
     speculative: SpeculativeRequest | None = None
     # structured output: OpenAI's response_format, or vLLM's guided_* fields (through extra_body)
     response_format: ResponseFormat | None = None
@@ -111,6 +114,24 @@ class _Sampling(_Strict):
         if any(s == "" for s in stops):
             raise ValueError("stop strings must be non-empty")
         return stops
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return None
+        if len(v) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS_ENTRIES} entries")
+        for key, bias in v.items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 12):
+                raise ValueError(f"keys must be token ids (non-negative integers), got {key!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"biases must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias} for {key}")
+        return v
+
+    def bias_by_id(self) -> dict[int, float] | None:
+        """logit_bias with integer keys (validated: they are digits)."""
+        return {int(k): b for k, b in self.logit_bias.items()} if self.logit_bias else None
 
     def structured(self) -> tuple[StructuredOutput, str] | None:
         """The requested output constraint and the field that asked for it. Raises ValueError for
@@ -140,7 +161,7 @@ class _Sampling(_Strict):
             frequency_penalty=self.frequency_penalty,
             seed=None if self.seed is None else (self.seed + seed_offset) % 2**63,
             max_tokens=max_tokens, stop=list(self.stop or []), stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, logprobs=logprobs, structured=structured)
+            ignore_eos=self.ignore_eos, logprobs=logprobs, structured=structured, logit_bias=self.bias_by_id())
 
 
 class CompletionRequest(_Sampling):
@@ -173,11 +194,20 @@ class ToolCall(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]] | None = None
+    # validated even when absent: only an assistant (or tool) turn may go without content
+    content: str | list[dict[str, Any]] | None = Field(default=None, validate_default=True)
     name: str | None = None
     tool_calls: list[ToolCall] | None = None     # an assistant turn that called tools
     tool_call_id: str | None = None              # a tool's result answers this call
     refusal: str | None = None                   # echoed back by clients; ignored
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v: Any, info: ValidationInfo) -> Any:
+        role = info.data.get("role")
+        if v is None and role in ("system", "user", "developer"):
+            raise ValueError(f"a {role} message needs content (a string or a list of text parts), not null")
+        return v
 
     def text(self) -> str:
         if isinstance(self.content, list):  # content parts: only text is supported
@@ -225,3 +255,22 @@ class ChatCompletionRequest(_Sampling):
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(_Strict):
+    """vLLM's /tokenize: its TokenizeCompletionRequest (`prompt`) and TokenizeChatRequest (`messages`,
+    templated as /v1/chat/completions templates them) in one model; exactly one of the two is given.
+    add_special_tokens defaults as vLLM's: true for a prompt, false for messages (the template
+    writes them)."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=128)
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int] = Field(max_length=1_000_000)

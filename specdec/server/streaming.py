@@ -14,6 +14,7 @@ from fastapi.responses import StreamingResponse
 from specdec.request import RequestOutput
 from specdec.server.async_engine import RequestFailed, RequestStream
 from specdec.server.errors import APIError, ClientDisconnected, error_body
+from specdec.server.middleware import AccessRecord
 from specdec.server.render import Sub, spec_summary, usage_of
 
 Render = Callable[[Sub, RequestOutput], list[dict]]
@@ -24,10 +25,10 @@ def _sse(obj: dict) -> str:
 
 
 def event_stream(streams: list[RequestStream], subs: list[Sub], envelope: dict, render: Render, stream_options,
-                 opening: list[dict] = ()) -> StreamingResponse:
+                 opening: list[dict] = (), record: AccessRecord | None = None) -> StreamingResponse:
     """Server-sent events: `opening` chunks, then render(sub, output) chunks as outputs arrive, an
     optional usage chunk (with the speculative summary), and `data: [DONE]`; an error event in place
-    of the rest when the server ends a request."""
+    of the rest when the server ends a request. `record` gets the token counts as the stream ends."""
     async def events():
         last: dict[int, RequestOutput] = {}
         try:
@@ -44,9 +45,17 @@ def event_stream(streams: list[RequestStream], subs: list[Sub], envelope: dict, 
             yield _sse(error_body(e.status, e.message, code=e.code))
         finally:  # the client went away (Starlette cancels us), a request failed, or we are done
             close_all(streams)
+            if record is not None:
+                record_usage(record, subs, [last[i] for i in sorted(last)])
         yield "data: [DONE]\n\n"
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def record_usage(record: AccessRecord, subs: list[Sub], outs: list[RequestOutput]) -> None:
+    """The access log's token counts: prompts once each, and the tokens generated so far."""
+    usage = usage_of(subs, outs)
+    record.prompt_tokens, record.completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
 
 
 def close_all(streams: list[RequestStream], reason: str = "the client went away") -> None:

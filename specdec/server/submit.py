@@ -116,10 +116,11 @@ def spec_options(body) -> SpecOptions | None:
 
 
 def check_request(ctx: ServerContext, body) -> None:
-    """The fields checked against the server and its model: n, stop token ids."""
+    """The fields checked against the server and its model: n, stop token ids, logit_bias's ids."""
     if body.n > ctx.config.max_n:
         raise APIError(400, f"n must be <= {ctx.config.max_n}", "n")
     vocab = ctx.ready_engine().tokenizer.vocab_size
-    bad = [t for t in body.stop_token_ids if not 0 <= t < vocab]
-    if bad:
-        raise APIError(400, f"stop_token_ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}", "stop_token_ids")
+    for field, ids in (("stop_token_ids", body.stop_token_ids), ("logit_bias", list(body.bias_by_id() or ()))):
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"{field}: token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}", field)

@@ -7,7 +7,9 @@ strings (not special tokens to the decoder, so they survive `skip_special_tokens
   body is a JSON object with exactly the keys "name" (a non-empty string) and "arguments" (an
   object); its OpenAI `arguments` string is the arguments JSON exactly as the model wrote it.
   Anything else (a malformed block, an unterminated last block) stays in the content, so no text is
-  lost. Content is None when only whitespace remains; stripped when there are calls.
+  lost; except when the output was cut off (`truncated`: finish_reason "length"), where an
+  unterminated last block is an incomplete call and is dropped, markup and all. Content is None
+  when only whitespace remains; stripped when there are calls.
 - ToolCallStream: the same, incrementally, as OpenAI chat-chunk `delta` dicts. The concatenated
   content deltas equal the full text when there are no calls and strip to parse_tool_calls' content
   when there are; each call's argument fragments concatenate to its `arguments` string. The one
@@ -15,7 +17,9 @@ strings (not special tokens to the decoder, so they survive `skip_special_tokens
   been read, and cannot be taken back; if it then goes wrong (cut off by max_tokens, invalid JSON
   inside the arguments, or something other than `}` and the close tag after them) the call keeps
   the arguments as far as they went, the text after them becomes content, and parse_tool_calls
-  would instead keep the whole block as content.
+  would instead keep the whole block as content. finish(truncated=True) (a cut-off output) drops
+  what it holds of an unfinished block or tag instead of flushing it as content, so no markup
+  leaks; a call already committed stays, with finish_reason "length" telling it is incomplete.
 """
 from __future__ import annotations
 
@@ -37,15 +41,18 @@ def _call(call_id: str, name: str, arguments: str) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """(content, calls) of a finished output; see the module docstring."""
+def parse_tool_calls(text: str, truncated: bool = False) -> tuple[str | None, list[dict]]:
+    """(content, calls) of a finished output (`truncated`: cut off by max_tokens); see the module
+    docstring."""
     content: list[str] = []
     calls: list[dict] = []
     pos = 0
     while (start := text.find(OPEN, pos)) >= 0:
         end = text.find(CLOSE, start + len(OPEN))
         if end < 0:
-            break  # unterminated (max_tokens): stays text
+            if truncated:  # an incomplete call: neither a call nor content
+                text = text[:start]
+            break  # unterminated: stays text
         parsed = _parse_body(text[start + len(OPEN):end])
         if parsed is None:
             content.append(text[pos:end + len(CLOSE)])
@@ -53,6 +60,8 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
             content.append(text[pos:start])
             calls.append(_call(new_call_id(), *parsed))
         pos = end + len(CLOSE)
+    if truncated:  # the start of a tag the cut-off left unfinished
+        text = text[:len(text) - _partial_suffix(text[pos:], OPEN)]
     content.append(text[pos:])
     joined = "".join(content)
     if not joined.strip():
@@ -201,16 +210,17 @@ class ToolCallStream:
             pass
         return self._take()
 
-    def finish(self) -> list[dict]:
+    def finish(self, truncated: bool = False) -> list[dict]:
         """Flush: held text that is no call becomes content, an unterminated block too unless it
-        was already committed as a call (which then keeps what it has)."""
+        was already committed as a call (which then keeps what it has). `truncated` (cut off by
+        max_tokens): a held partial tag and an uncommitted block are dropped instead."""
         if self._state == "text":
-            self._content(self._buf)
+            self._content("" if truncated and OPEN.startswith(self._buf) else self._buf)
         elif self._state in ("head", "held"):
-            self._content(OPEN + self._buf)
-        elif self._state == "args":
-            self._arguments(self._buf)  # cut off inside the arguments: they are what the model wrote
-        elif self._state == "tail" and not _closing_prefix(self._buf):
+            self._content("" if truncated else OPEN + self._buf)
+        elif self._state == "args":  # cut off inside the arguments: they are what the model wrote
+            self._arguments("" if truncated and CLOSE.startswith(self._buf) else self._buf)
+        elif self._state == "tail" and not truncated and not _closing_prefix(self._buf):
             self._content(self._buf)
         self._buf, self._state = "", "text"
         if not self._calls and self._pending_ws:

@@ -9,8 +9,8 @@ The model calls a tool by writing, one block per call (several separated by "\\n
 - check_tools(tools): validates a request's OpenAI `tools` and returns their function dicts
   ({"name", "parameters"} and "description" when given). ValueError names the bad field.
 - tool_grammar(functions, required_name, parallel): a StructuredOutput("grammar", <Lark text for
-  llguidance>) that forces the output to be one call (or, with parallel, one or more separated by
-  "\\n") to one of the functions (only `required_name` when given), with arguments matching that
+  llguidance>) that forces the output to be one call (or, with parallel, one to MAX_PARALLEL_CALLS
+  separated by "\\n") to one of the functions (only `required_name` when given), with arguments matching that
   function's `parameters` schema, written as json.dumps writes them (", " and ": "). A function whose
   schema declares no properties (or has no `parameters`) takes no arguments: its arguments are `{}`.
 - tool_messages(messages): OpenAI chat messages made ready for the chat template (assistant
@@ -34,6 +34,9 @@ _TAG = re.compile(r"<[^<>\s]+>")  # llguidance Lark's reference to a special tok
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 _EMPTY_SCHEMA_KEYS = {"type", "properties", "required", "title", "description", "$schema"}
+# a required call's grammar ends after the last call it allows, so the model must stop there: one
+# call without parallel_tool_calls, at most this many with it (a model cannot loop on calls forever)
+MAX_PARALLEL_CALLS = 16
 
 
 # ---- request side -----------------------------------------------------------------------------
@@ -83,10 +86,10 @@ def _check_tool(tool: Any, where: str) -> dict:
 
 def tool_grammar(functions: list[dict], required_name: str | None, parallel: bool, *,
                  open_tag: str = OPEN, close_tag: str = CLOSE, tags_are_tokens: bool = True) -> StructuredOutput:
-    """A Lark grammar (llguidance dialect) forcing one tool call, or with `parallel` one or more
-    separated by "\\n", to `required_name` if given, else to any of `functions`. `open_tag` and
-    `close_tag` are the special tokens around a call, as the tokenizer names them (`tags_are_tokens`
-    False: a vocabulary without them, where they are plain text). Raises ValueError."""
+    """A Lark grammar (llguidance dialect) forcing one tool call, or with `parallel` one to
+    MAX_PARALLEL_CALLS separated by "\\n", to `required_name` if given, else to any of `functions`.
+    `open_tag` and `close_tag` are the special tokens around a call, as the tokenizer names them
+    (`tags_are_tokens` False: a vocabulary without them, where they are plain text). Raises ValueError."""
     for tag in (open_tag, close_tag):
         if not _TAG.fullmatch(tag):
             raise ValueError(f"a tool call tag must be a special token's name like <tool_call>, got {tag!r}")
@@ -99,7 +102,7 @@ def tool_grammar(functions: list[dict], required_name: str | None, parallel: boo
     if not functions:
         raise ValueError("no tools to call")
     alternatives = " | ".join(f"fn_{i}" for i in range(len(functions)))
-    lines = ['start: call ("\\n" call)*' if parallel else "start: call",
+    lines = [f'start: call ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "start: call",
              f'call: {open_tag} "\\n" ({alternatives}) "\\n" {close_tag}']
     for i, fn in enumerate(functions):
         lines += _function_rules(i, fn)

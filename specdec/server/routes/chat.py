@@ -4,7 +4,6 @@ tool call is required, by the tools' grammar; tool calls parsed into `tool_calls
 from __future__ import annotations
 
 import time
-import uuid
 
 from fastapi import APIRouter, Depends, Request
 
@@ -12,11 +11,11 @@ from specdec.request import RequestOutput
 from specdec.sampling_params import StructuredOutput
 from specdec.server.context import ServerContext, context
 from specdec.server.errors import APIError
-from specdec.server.middleware import check_auth
+from specdec.server.middleware import access_record, check_auth
 from specdec.server.openapi import ChatCompletion, errors, ok
-from specdec.server.protocol import ChatCompletionRequest
+from specdec.server.protocol import ChatCompletionRequest, ChatMessage
 from specdec.server.render import Sub, chat_logprobs, spec_summary, usage_of
-from specdec.server.streaming import collect, event_stream
+from specdec.server.streaming import collect, event_stream, record_usage
 from specdec.server.submit import (
     check_request,
     compile_structured,
@@ -32,26 +31,29 @@ from specdec.server.tools import check_tools, tool_grammar, tool_messages, vocab
 router = APIRouter()
 
 
-def _messages(body: ChatCompletionRequest) -> list[dict]:
+def _messages(messages: list[ChatMessage]) -> list[dict]:
     """The conversation as the template reads it: text content, tool calls with parsed arguments."""
     out = []
-    for m in body.messages:
+    for m in messages:
         d = m.model_dump(exclude_none=True, exclude={"content", "refusal"})
         d["content"] = m.text()
         out.append(d)
     return tool_messages(out)
 
 
-def _prompt_ids(ctx: ServerContext, body: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
-    """The templated conversation as token ids; a template that rejects it is a 400."""
+def chat_prompt_ids(ctx: ServerContext, messages: list[ChatMessage], tools: list[dict] | None,
+                    add_generation_prompt: bool = True, add_special_tokens: bool = False) -> list[int]:
+    """The templated conversation as token ids (what /v1/chat/completions generates from and
+    /tokenize counts); a template that rejects it is a 400."""
     tok = ctx.ready_engine().tokenizer
     try:
-        prompt = tok.apply_chat_template(_messages(body), add_generation_prompt=True, tools=tools)
+        prompt = tok.apply_chat_template(_messages(messages), add_generation_prompt=add_generation_prompt,
+                                         tools=tools)
     except ValueError as e:
         raise APIError(400, str(e), "messages") from None
     except Exception:  # a template that rejects this conversation (e.g. its role order)
         raise APIError(400, "the model's chat template rejected these messages", "messages") from None
-    return tok.encode(prompt, add_special_tokens=False) or []
+    return tok.encode(prompt, add_special_tokens=add_special_tokens) or []
 
 
 def _tool_plan(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[list[dict] | None, StructuredOutput | None]:
@@ -81,9 +83,12 @@ def _finish_reason(out: RequestOutput, calls: list) -> str | None:
 
 def _message(out: RequestOutput, tools: bool) -> dict:
     if tools:
-        content, calls = parse_tool_calls(out.text)
+        truncated = out.finish_reason == "length"
+        content, calls = parse_tool_calls(out.text, truncated)
         if calls:
             return {"role": "assistant", "content": content, "tool_calls": calls}
+        if truncated:  # a call cut off by max_tokens is dropped, markup and all
+            return {"role": "assistant", "content": content}
     return {"role": "assistant", "content": out.text}
 
 
@@ -99,7 +104,7 @@ def _stream_renderer(tools: bool):
             parser = parsers.setdefault(sub.index, ToolCallStream())
             deltas = parser.feed(out.delta_text) if out.delta_text else []
             if out.finished:
-                deltas += parser.finish()
+                deltas += parser.finish(truncated=out.finish_reason == "length")
             calls = parser.calls
         chunks = [{"index": sub.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
         if out.finished:
@@ -127,20 +132,23 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: S
     check_request(ctx, body)
     tools, forced = _tool_plan(ctx, body)
     structured = await _constraint(ctx, body, forced)
-    ids, max_tokens = prepare(ctx, _prompt_ids(ctx, body, tools), body.requested_max_tokens(), "messages")
+    ids, max_tokens = prepare(ctx, chat_prompt_ids(ctx, body.messages, tools), body.requested_max_tokens(),
+                              "messages")
     subs = [Sub(j, 0, len(ids), "") for j in range(body.n)]
     jobs = [(ids, sampling(body, max_tokens, body.num_logprobs(), j, structured)) for j in range(body.n)]
     streams = await start(ctx, jobs, spec_options(body))
-    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    record = access_record(request)
+    rid, created = f"chatcmpl-{record.request_id}", int(time.time())  # vLLM's: the x-request-id in the id
 
     if body.stream:
         opening = [{"index": sub.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                     "finish_reason": None} for sub in subs]
         envelope = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": ctx.served_model}
         return event_stream(streams, subs, envelope, _stream_renderer(tools is not None), body.stream_options,
-                            opening)
+                            opening, record)
 
     finals = await collect(streams, request)
+    record_usage(record, subs, finals)
     choices = []
     for sub, out in zip(subs, finals):
         message = _message(out, tools is not None)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 
 from fastapi import APIRouter, Depends, Request
 
@@ -10,11 +9,11 @@ from specdec.request import RequestOutput
 from specdec.sampling_params import StructuredOutput
 from specdec.server.context import ServerContext, context
 from specdec.server.errors import APIError
-from specdec.server.middleware import check_auth
+from specdec.server.middleware import access_record, check_auth
 from specdec.server.openapi import Completion, errors, ok
 from specdec.server.protocol import CompletionRequest
 from specdec.server.render import Sub, completion_logprobs, spec_summary, usage_of
-from specdec.server.streaming import collect, event_stream
+from specdec.server.streaming import collect, event_stream, record_usage
 from specdec.server.submit import Job, check_request, prepare, requested_structure, sampling, spec_options, start
 
 router = APIRouter()
@@ -46,7 +45,8 @@ async def completions(body: CompletionRequest, request: Request, ctx: ServerCont
     check_request(ctx, body)
     jobs, subs = _jobs(ctx, body, await requested_structure(ctx, body))
     streams = await start(ctx, jobs, spec_options(body))
-    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    record = access_record(request)
+    rid, created = f"cmpl-{record.request_id}", int(time.time())  # vLLM's: the x-request-id in the id
     tok = ctx.ready_engine().tokenizer
 
     def choice(sub: Sub, out: RequestOutput, text: str, final: bool) -> dict:
@@ -65,9 +65,10 @@ async def completions(body: CompletionRequest, request: Request, ctx: ServerCont
             return [choice(sub, out, text, False)] if text or out.finished else []
 
         envelope = {"id": rid, "object": "text_completion", "created": created, "model": ctx.served_model}
-        return event_stream(streams, subs, envelope, render, body.stream_options)
+        return event_stream(streams, subs, envelope, render, body.stream_options, record=record)
 
     finals = await collect(streams, request)
+    record_usage(record, subs, finals)
     choices = [choice(sub, out, (sub.prompt_text if body.echo else "") + out.text, True)
                for sub, out in zip(subs, finals)]
     return {"id": rid, "object": "text_completion", "created": created, "model": ctx.served_model,

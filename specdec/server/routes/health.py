@@ -1,5 +1,6 @@
 """GET /health (503 until the models are loaded, if loading failed, or while draining for a
-shutdown) and GET /metrics (Prometheus text format). Neither needs the API key."""
+shutdown) and GET /metrics (Prometheus text format). Neither needs the API key, unless
+server.metrics_require_key puts /metrics behind it."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from specdec.server.context import ServerContext, context
-from specdec.server.openapi import Health, ok
+from specdec.server.middleware import check_metrics_auth
+from specdec.server.openapi import Health, errors, ok
 
 router = APIRouter()
 _HEALTH = {**ok(Health), 503: {"model": Health, "description": "loading, failed or draining"}}
@@ -29,7 +31,8 @@ async def health(ctx: ServerContext = Depends(context)):
 router.add_api_route("/health", health, methods=["HEAD"], operation_id="health_head", responses=_HEALTH)
 
 
-@router.get("/metrics", responses=ok(None, media=CONTENT_TYPE_LATEST.split(";")[0]))
+@router.get("/metrics", dependencies=[Depends(check_metrics_auth)],
+            responses={**ok(None, media=CONTENT_TYPE_LATEST.split(";")[0]), **errors(401)})
 async def prometheus(ctx: ServerContext = Depends(context)):
     body = await asyncio.to_thread(generate_latest, ctx.metrics.registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
