@@ -249,8 +249,7 @@ def _print_table(summary: dict, sets: list[str], arms: list[str]) -> None:
             tpf = "-" if e["mean_accepted_length"] is None else f"{e['mean_accepted_length']:.2f}"
             print(f"{s:10} {arm:21} {t['median']:8.2f} [{t['min']:.2f}-{t['max']:.2f}]{'':4} {sp:8.2f} "
                   f"{e['decode_tokens_per_second']['median']:13.2f} {dsp:8.2f} {acc:>7} "
-                  f"{tpf:>7} {e.get('identical_to_plain')}" + (f"  failed {e['failed']}" if "failed" in e else ""),
-                  file=sys.stderr)
+                  f"{tpf:>7} {e.get('identical_to_plain')}" + (f"  failed {e['failed']}" if "failed" in e else ""))
 
 
 def plot(summary: dict, sets: list[str], arms: list[str], path: Path, title: str, roof: dict | None = None) -> None:
