@@ -4,7 +4,7 @@
 #   (a) `import specdec` comes from that venv;
 #   (b) `specdec generate` runs in an int4 mode: the CPU kernels compiled from the wheel's own sources
 #       (a fresh kernels/ folder; the models and weight caches of $SPECDEC_HOME are shared, nothing is pulled);
-#   (c) `specdec serve` answers /health and one completion, then exits on SIGTERM;
+#   (c) `specdec serve MODEL` (vLLM's form) answers /health and one completion, then exits on SIGTERM;
 #   (d) commands that need the missing `bench` extra say so in one line and exit 2.
 # Run by `make wheel-smoke` after `make setup test-models` (which pull the models).
 set -euo pipefail
@@ -77,7 +77,7 @@ say "    $(grep -E "\((int4-a8|int4-a16), cpu\)" "$work/generate.err" | head -1)
 
 say "(c) specdec serve: /health, one completion, SIGTERM"
 port=$("$venv/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$venv/specdec" serve --model "$model" --host 127.0.0.1 --port "$port" >"$work/serve.log" 2>&1 &
+"$venv/specdec" serve "$model" --host 127.0.0.1 --port "$port" >"$work/serve.log" 2>&1 &
 server_pid=$!
 deadline=$((SECONDS + 120))
 until "$venv/python" -c "import sys, urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:$port/health', timeout=5).status != 200)" 2>/dev/null; do
