@@ -5,7 +5,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -16,6 +15,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from specdec.server.metrics import read_samples
 
 
 def free_port() -> int:
@@ -66,7 +67,7 @@ class ServerProcess:
         specdec series carries (test_server_vllm checks it)."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
             text = r.read().decode()
-        return parse_metrics(text)
+        return read_samples(text)
 
     def wait_idle(self, timeout: float = 60) -> dict[str, float]:
         """Metrics once no request is running or waiting."""
@@ -89,17 +90,6 @@ class ServerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # anything of its group left behind
         self._log.close()
-
-
-def parse_metrics(text: str, keep_model_name: bool = False) -> dict[str, float]:
-    """Prometheus text -> {'name{labels}': value}; the model_name label dropped unless kept."""
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?) (\S+)$", line)
-        if m:
-            key = m.group(1) if keep_model_name else re.sub(r'model_name="[^"]*",?', "", m.group(1))
-            out[key.replace(",}", "}").replace("{}", "")] = float(m.group(2))
-    return out
 
 
 def yaml_server(directory: Path, yaml: str, args: tuple[str, ...] = ("--threads", "1"),

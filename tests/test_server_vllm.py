@@ -11,7 +11,6 @@ import time
 import pytest
 from conftest import engine_config
 from fastapi.testclient import TestClient
-from server_process import parse_metrics
 
 from specdec.config import ServerConfig, SpeculativeConfig
 from specdec.engine import LLMEngine
@@ -19,6 +18,7 @@ from specdec.llm import LLM
 from specdec.sampling_params import SamplingParams
 from specdec.server.app import build_app
 from specdec.server.async_engine import AsyncEngine
+from specdec.server.metrics import read_samples
 
 KEY = "vllm-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -263,9 +263,9 @@ def test_metrics_carry_model_name_and_need_the_key(client):
     samples = [line for line in text.splitlines() if line.startswith("specdec_")]
     assert samples and all('model_name="tiny"' in line for line in samples), \
         [line for line in samples if 'model_name="tiny"' not in line][:5]
-    m = parse_metrics(text)
+    m = read_samples(text)
     assert m['specdec_requests_total{status="length"}'] >= 1 and "specdec_num_requests_running" in m
-    assert 'specdec_num_requests_running{model_name="tiny"}' in parse_metrics(text, keep_model_name=True)
+    assert 'specdec_num_requests_running{model_name="tiny"}' in read_samples(text, keep_model_name=True)
 
 
 def test_metrics_require_key_without_a_key_refuses_to_start():

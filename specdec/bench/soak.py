@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import socket
 import subprocess
 import sys
@@ -51,12 +50,8 @@ def _metrics(s: Soak) -> dict[str, float]:
     conn, resp = request(s, "/metrics", b"", "GET")
     text = resp.read().decode()
     conn.close()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[re.sub(r'model_name="[^"]*",?', "", name).replace(",}", "}").replace("{}", "")] = float(value)
-    return out
+    from specdec.server.metrics import read_samples
+    return read_samples(text)
 
 
 def _served(s: Soak) -> dict:

@@ -9,6 +9,7 @@ Every series carries `model_name` (the served model, vLLM's label name), added a
 collected, so no family, the shadow A/B's included, can forget it."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -202,6 +203,18 @@ def _cache_families(spec: SpeculationStats | None) -> Iterator[Metric]:
         free_d.add_metric([name], st.drafted_tokens)
         free_a.add_metric([name], st.accepted_tokens)
     yield from (tokens, budget, memory, seqs, evicted, free_d, free_a)
+
+
+def read_samples(text: str, keep_model_name: bool = False) -> dict[str, float]:
+    """A /metrics page as {'name{labels}': value}, for clients that compare figures (the soak bench,
+    the tests); the model_name label every series carries is dropped unless kept."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?) (\S+)$", line)
+        if m:
+            key = m.group(1) if keep_model_name else re.sub(r'model_name="[^"]*",?', "", m.group(1))
+            out[key.replace(",}", "}").replace("{}", "")] = float(m.group(2))
+    return out
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
