@@ -43,6 +43,7 @@ from specdec.sample.structured import GrammarCompiler
 from specdec.sample.verifier import Sampler, Verified, Verifier
 from specdec.sampling_params import SamplingParams
 from specdec.speculation import registry
+from specdec.speculation import suffix_file
 from specdec.speculation.speculator import Plan, SpecStep, Speculator
 
 log = logging.getLogger("specdec")
@@ -80,7 +81,7 @@ class LLMEngine:
                                   cc.target_cache_blocks, cc.block_size, self.device,
                                   self.tokenizer.never_sample_ids, self.tokenizer.vocab_size, thread_tuner(mc))
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
-        self.grammars = GrammarCompiler(self.tokenizer)
+        self.grammars = GrammarCompiler(self.tokenizer, config.structured)
         self.counters = EngineCounters()
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
@@ -178,7 +179,7 @@ class LLMEngine:
                 rows = out.logits[out.cu_num_logits[i]:out.cu_num_logits[i + 1]]
                 self._accept(req, chunk, result, rows, out.forward_seconds, plan)
             if not req.finished:
-                self.kv.commit(req.request_id, req.all_token_ids[: req.num_computed_tokens])
+                self.kv.commit(req.request_id, req.all_token_ids[: req.num_computed_tokens], req.params.cache_scope)
             if chunk.num_logits or req.finished:
                 outputs.append(self.output_processor.output(req, self._stats(req)))
             if req.finished:
@@ -216,7 +217,8 @@ class LLMEngine:
         if status is not None:
             req.finish_time = now
             # its full blocks stay cached for later prompts (a rejected draft's K/V is not its token's)
-            self.kv.commit(req.request_id, req.all_token_ids[: req.num_computed_tokens - rejected])
+            self.kv.commit(req.request_id, req.all_token_ids[: req.num_computed_tokens - rejected],
+                           req.params.cache_scope)
             self.scheduler.finish(req, status)
         elif rejected:
             self.kv.rollback(req.request_id, rejected)
@@ -268,6 +270,16 @@ class LLMEngine:
         """Unload a loaded draft now; requests using it move to another proposer (or plain decoding)
         and keep going. Returns its id."""
         return self._speculator().unload(model, list(self.requests.values()))
+
+    def save_suffix_cache(self, path: str) -> int:
+        """Write the suffix cache to `path` (atomically); returns the tokens saved."""
+        return suffix_file.save(path, self._speculator().suffix_cache(), self.tokenizer.fingerprint)
+
+    def load_suffix_cache(self, path: str) -> int:
+        """Replace the suffix cache with `path`'s (SuffixFileError, a ValueError, for a file it cannot
+        trust: the cache stays as it was); returns the tokens loaded."""
+        return suffix_file.load(path, self._speculator().suffix_cache(), self.tokenizer.fingerprint,
+                                self.tokenizer.vocab_size)
 
     def draft_status(self) -> list[DraftStatus]:
         return self.speculator.status() if self.speculator is not None else []

@@ -5,13 +5,39 @@ distribution past them (the verifier's target rows, a draft model's rows, the sp
 grammar-forced drafts) does it inside `lookahead()`, which advances over drafts and rolls all of it
 back on exit: no caller can leave the matcher unbalanced. sample/structured.py compiles grammars
 and makes these.
+
+A grammar that hits one of llguidance's limits mid-generation, or one token mask slower than
+`structured_outputs.mask_timeout_ms`, ends its own request: from then on only EOS is allowed
+(`error` says why); the other requests in the batch are untouched.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 import torch
+
+from specdec.config import StructuredConfig
+
+log = logging.getLogger("specdec")
+
+# llguidance's error text -> the structured_outputs bound it hit
+_BOUND_FRAGMENTS = (("initial lexer configuration", "initial_lexer_fuel"),
+                    ("grammar size (number of symbols)", "max_grammar_size"),
+                    ("current row has", "max_items_in_row"), ("too many items", "step_max_items"),
+                    ("too many states", "max_lexer_states"), ("fuel", "step_lexer_fuel"))
+
+
+def bound_message(error: str, config: StructuredConfig) -> str | None:
+    """`error` (llguidance's) as "exceeds structured_outputs.FIELD=VALUE: ..."; None when it is not a
+    limit's error (an invalid schema, regex or grammar)."""
+    first = error.strip().splitlines()[0] if error.strip() else "limit reached"
+    low = first.lower()
+    for fragment, name in _BOUND_FRAGMENTS:
+        if fragment in low:
+            return f"exceeds structured_outputs.{name}={getattr(config, name)}: {first}"
+    return None
 
 
 class GrammarState:
@@ -22,9 +48,13 @@ class GrammarState:
     inside `lookahead()`, which advances over drafts and rolls all of it back on exit, so no caller
     can leave the state unbalanced."""
 
-    def __init__(self, matcher, vocab_size: int) -> None:
+    def __init__(self, matcher, vocab_size: int, stop_token_ids: tuple[int, ...] = (),
+                 config: StructuredConfig | None = None) -> None:
         self._m = matcher
         self.vocab_size = vocab_size
+        self.stop_token_ids = tuple(stop_token_ids)   # what an errored grammar still allows (EOS)
+        self.config = config or StructuredConfig()
+        self.error: str | None = None   # why the grammar ended the request early (a bound it hit)
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self.committed_tokens: list[int] = []   # what the matcher has consumed outside lookaheads
         self.depth = 0            # open lookaheads
@@ -34,19 +64,39 @@ class GrammarState:
     def allowed(self, width: int | None = None) -> torch.Tensor | None:
         """[width] bool (default the vocabulary size): the tokens allowed next, entries past the
         vocabulary (padding rows) forbidden; None once nothing is (after EOS): no constraint left.
-        A grammar that cannot go on allows only EOS."""
-        t0 = time.perf_counter()
-        self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        allowed = torch.from_numpy(np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size])
-        allowed = allowed.bool()
-        self.mask_seconds += time.perf_counter() - t0
-        self.num_masks += 1
+        A grammar that cannot go on, or that hit a bound (`error`), allows only EOS."""
+        if self.error is None:
+            self._compute_mask()
+        if self.error is not None:
+            allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
+            allowed[[t for t in self.stop_token_ids if t < self.vocab_size]] = True
+        else:
+            bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab_size]
+            allowed = torch.from_numpy(bits).bool()
         if not bool(allowed.any()):
             return None
         width = width or self.vocab_size
         if width > self.vocab_size:
             return torch.cat([allowed, torch.zeros(width - self.vocab_size, dtype=torch.bool)])
         return allowed[:width]
+
+    def _compute_mask(self) -> None:
+        t0 = time.perf_counter()
+        self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        seconds = time.perf_counter() - t0
+        self.mask_seconds += seconds
+        self.num_masks += 1
+        if self._m.is_error():
+            self._fail(bound_message(self._m.get_error(), self.config) or self._m.get_error())
+        elif seconds * 1000 > self.config.mask_timeout_ms:
+            # the fuel limits bound a mask's work; this wall-clock bound catches what they let through
+            self._fail(f"a token mask took {seconds * 1000:.0f} ms: exceeds structured_outputs.mask_timeout_ms="
+                       f"{self.config.mask_timeout_ms:g}")
+
+    def _fail(self, error: str) -> None:
+        """End the request's grammar: only EOS from here (the matcher is never used again)."""
+        self.error = error.strip().splitlines()[0] if error.strip() else "grammar error"
+        log.warning("structured output ended early: %s", self.error)
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """A copy of one row of logits [n] with the tokens the grammar forbids at -inf (n may differ
@@ -58,12 +108,14 @@ class GrammarState:
 
     def valid_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens` the grammar accepts in a row from here (the state does not change)."""
-        return self._m.validate_tokens(list(tokens)) if tokens else 0
+        return self._m.validate_tokens(list(tokens)) if tokens and self.error is None else 0
 
     def forced(self, limit: int) -> list[int]:
         """The tokens the grammar allows as the only (canonical) continuation from here, at most
         `limit`: proposed as drafts for free."""
-        return list(self._m.compute_ff_tokens()[:limit]) if limit > 0 and not self._m.is_stopped() else []
+        if limit <= 0 or self.error is not None or self._m.is_stopped():
+            return []
+        return list(self._m.compute_ff_tokens()[:limit])
 
     def commit(self, tokens: list[int]) -> None:
         """The request emitted `tokens`: advance over them (a token the ended grammar does not consume,
@@ -88,19 +140,25 @@ class GrammarState:
 
     @property
     def is_accepting(self) -> bool:
-        return self._m.is_accepting()
+        return self.error is None and self._m.is_accepting()
 
     def _consume(self, tokens: list[int]) -> int:
         """Advance over the longest accepted prefix of `tokens`; returns its length (a forbidden token
-        would put the matcher into a permanent error state, so it is never fed)."""
+        would put the matcher into a permanent error state, so it is never fed). A limit hit while
+        consuming ends the grammar (0 consumed)."""
         n = self.valid_prefix(tokens)
         if n and not self._m.consume_tokens(list(tokens[:n])):
-            raise RuntimeError(f"grammar matcher failed: {self._m.get_error()}")
+            self._fail(bound_message(self._m.get_error(), self.config) or self._m.get_error())
+            return 0
         return n
 
     def _rollback(self, num_tokens: int) -> None:
-        if num_tokens and not self._m.rollback(num_tokens):
-            raise RuntimeError(f"grammar matcher could not roll back {num_tokens} token(s): {self._m.get_error()}")
+        if self.error is not None or not num_tokens:
+            return   # an errored matcher stays errored (llguidance's rule): nothing to restore
+        if not self._m.rollback(num_tokens):
+            if not self._m.is_error():
+                raise RuntimeError(f"grammar matcher could not roll back {num_tokens} token(s): {self._m.get_error()}")
+            self._fail(bound_message(self._m.get_error(), self.config) or self._m.get_error())
 
 
 class Lookahead:

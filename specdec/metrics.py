@@ -103,10 +103,11 @@ class CacheStats:
     name: str
     num_sequences: int
     num_tokens: int
-    max_tokens: int          # the budget; the oldest sequences are evicted beyond it
+    max_tokens: int          # the budget (per scope); the oldest sequences are evicted beyond it
     num_index_entries: int
     approx_bytes: int        # rough host memory of the tokens and their index
     num_evicted: int = 0
+    num_scopes: int = 1      # caches kept apart by cache scope (cache_salt / API key), each with the budget
 
 
 @dataclass

@@ -5,6 +5,7 @@ request touches the engine.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0   # OpenAI's range: a bias of +-100 bans or forces a token
+MAX_CACHE_SALT = 1024    # characters
 STRUCTURED_KINDS = ("json", "json_schema", "regex", "grammar", "choice")
 
 
@@ -68,6 +70,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     structured: StructuredOutput | None = None  # a JSON schema, regex, grammar or choice the output must match
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before any other processing
+    # cache scope (vLLM's cache_salt): prefix-cache blocks and suffix-cache outputs are shared only
+    # among requests with the same salt; None is the default scope
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -111,10 +116,19 @@ class SamplingParams:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.logit_bias is not None:
             self.logit_bias = _checked_bias(self.logit_bias)
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str)
+                                            or not 0 < len(self.cache_salt) <= MAX_CACHE_SALT):
+            raise ValueError(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT} characters")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def cache_scope(self) -> str:
+        """The caches' name for this request's scope: "" (no salt) or a digest of the salt, so
+        that neither the caches, their metrics nor a saved suffix cache hold the salt itself."""
+        return cache_scope(self.cache_salt)
 
     @property
     def needs_penalties(self) -> bool:
@@ -141,3 +155,7 @@ def _checked_bias(bias: dict) -> dict[int, float] | None:
 def _finite(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def cache_scope(salt: str | None) -> str:
+    return "" if salt is None else hashlib.sha256(b"cache_salt\x00" + salt.encode("utf-8", "surrogatepass")).hexdigest()[:32]

@@ -1,12 +1,14 @@
 """`specdec serve` on a local Ray instance of its own, for the replicated-deployment tests: Ray's
 files under a short temporary folder (its sockets' paths must stay short), and on stop a check that
-none of that instance's processes outlived the server."""
+none of that instance's processes outlived the server. Also the hostile requests sent to it and to the
+single process, as raw bytes."""
 from __future__ import annotations
 
 import os
 import re
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -73,3 +75,65 @@ def config_yaml(serving: str, max_body: int = 1 << 20) -> str:
             f"  cache_config:\n    target_cache_blocks: 512\n"
             f"server:\n  max_body_bytes: {max_body}\n  drain_seconds: 2\n"
             f"serving:\n{serving}")
+
+
+# Hostile requests, as raw bytes (the single process's hardening probes and more): name -> request.
+def _raw(method: str, path: str, body: bytes = b"", content_type: bytes = b"application/json", extra: bytes = b"",
+         length: int | None = None, key: str = "sk-ray-test", no_length: bool = False) -> bytes:
+    length = len(body) if length is None else length
+    return (f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".encode()
+            + (f"Authorization: Bearer {key}\r\n".encode() if key else b"")
+            + b"Content-Type: " + content_type + b"\r\n" + extra
+            + (b"" if no_length else f"Content-Length: {length}\r\n".encode()) + b"\r\n" + body)
+
+
+_C = "/v1/completions"
+_ONE = b'{"prompt": "x", "max_tokens": 1}'
+_CHUNKED = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer sk-ray-test\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"".join(b"2710\r\n" + b"x" * 10000 + b"\r\n" for _ in range(8)) + b"0\r\n\r\n")
+PROBES = {
+    "malformed_json": _raw("POST", _C, b"{not json"),
+    "json_array": _raw("POST", _C, b"[1, 2]"),
+    "wrong_content_type": _raw("POST", _C, _ONE, content_type=b"text/plain"),
+    "form_body": _raw("POST", _C, b"prompt=x", content_type=b"application/x-www-form-urlencoded"),
+    "oversized_body": _raw("POST", _C, b'{"prompt": "' + b"x" * 70_000 + b'"}'),
+    "oversized_chunked_body": _CHUNKED,
+    "unknown_field": _raw("POST", _C, b'{"prompt": "x", "bogus": 1}'),
+    "bad_temperature": _raw("POST", _C, b'{"prompt": "x", "temperature": 9}'),
+    "zero_max_tokens": _raw("POST", _C, b'{"prompt": "x", "max_tokens": 0}'),
+    "unknown_model": _raw("POST", _C, b'{"prompt": "x", "model": "gpt-4o", "max_tokens": 2}'),
+    "invalid_utf8": _raw("POST", _C, b'{"prompt": "a\xff\xfeb"}'),
+    "lone_surrogate": _raw("POST", _C, b'{"prompt": "a\\ud800b"}'),
+    "empty_messages": _raw("POST", "/v1/chat/completions", b'{"messages": []}'),
+    "get_on_a_post_route": _raw("GET", _C),
+    "delete_health": _raw("DELETE", "/health"),
+    "unknown_path": _raw("GET", "/v2/nothing"),
+    "no_api_key": _raw("POST", _C, _ONE, key=""),
+    "huge_header": _raw("POST", _C, _ONE, extra=b"X-Big: " + b"a" * 100_000 + b"\r\n"),
+    "many_headers": _raw("POST", _C, _ONE, extra=b"".join(b"X-H%d: v\r\n" % i for i in range(2000))),
+    # framing Ray's proxy rejects before any specdec code runs (docs/scale-out.md lists them)
+    "negative_content_length": _raw("POST", _C, b"{}", length=-5),
+    "non_numeric_content_length": _raw("POST", _C, b"{}", extra=b"Content-Length: abc\r\n", no_length=True),
+    "garbage_request_line": b"HELLO THERE\r\n\r\n",
+    "space_in_header_name": _raw("POST", _C, _ONE, extra=b"Bad Header: v\r\n"),
+    "nul_in_header_value": _raw("POST", _C, _ONE, extra=b"X-N: a\x00b\r\n"),
+    "huge_request_target": _raw("GET", "/" + "a" * 100_000),
+}
+# Ray's proxy (uvicorn with httptools) answers these itself: (status, content type, body)
+PROXY_ANSWERS = {name: (400, "text/plain; charset=utf-8", b"Invalid HTTP request received.")
+                 for name in ("negative_content_length", "non_numeric_content_length", "garbage_request_line",
+                              "space_in_header_name", "nul_in_header_value", "huge_request_target")}
+
+
+def probe(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes; (status, the headers that matter, body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), {k: headers[k] for k in ("content-type", "allow") if k in headers}, body

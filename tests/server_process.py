@@ -151,3 +151,19 @@ def in_process_server(build, config=None, log_config: dict | None = None):
         server.should_exit = True
         thread.join(30)
         engine.shutdown()
+
+
+def started_client(build, config):
+    """Starlette's TestClient on an app around an AsyncEngine made by `build`, once its models are
+    loaded; returns (client, engine): the caller enters the client and shuts the engine down."""
+    from fastapi.testclient import TestClient
+
+    from specdec.server.app import build_app
+    from specdec.server.async_engine import AsyncEngine
+
+    engine = AsyncEngine(build)
+    engine.start()
+    deadline = time.time() + 120
+    while engine.engine is None and engine.error is None and time.time() < deadline:
+        time.sleep(0.05)
+    return TestClient(build_app(engine, config, "tiny")), engine

@@ -2,10 +2,14 @@
 driven as the single-process server is: the official openai client (completions, chat, streaming,
 per-request speculation), bad input and the API key; 16 concurrent clients whose greedy outputs equal
 the offline engine's, served by both replicas; per-replica metrics; prefix-affinity routing of a
-conversation; and a replica killed under load (streams on it end cleanly, the rest succeed, Ray
-brings the deployment back to two). Last: no process of the Ray instance outlives the server."""
+conversation; hostile requests answered as the single process answers them (but for the framing Ray's
+proxy rejects first); a replica killed under a burst of one hot prompt (streams on it end cleanly, the
+rest succeed, Ray brings the deployment back to two, and the hot prompt reaches the new replica); a
+short soak with a replica killed mid-run (nothing lost but what was in flight on it, no KV block
+leaked, no ERROR line); last, SIGTERM drains a stream to [DONE] and no Ray process outlives the server."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -18,7 +22,7 @@ import pytest
 from openai import AuthenticationError, BadRequestError, NotFoundError
 
 from conftest import engine_config
-from ray_server import SMOLLM, RayServer, config_yaml
+from ray_server import PROBES, PROXY_ANSWERS, SMOLLM, RayServer, config_yaml, probe
 from server_process import http_json, yaml_server
 from specdec.llm import LLM
 from specdec.sampling_params import SamplingParams
@@ -35,6 +39,14 @@ def cluster(tmp_path_factory):
     server = RayServer(d, config_yaml("  replicas: 2\n  routing: affinity\n", max_body=65536), 2, api_key=KEY)
     yield server
     assert server.stop() == [], "processes of the Ray instance outlived the server"
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """The same config in one process, no Ray: the answers the deployment must give too."""
+    server = yaml_server(tmp_path_factory.mktemp("single"), config_yaml("", max_body=65536), args=(), api_key=KEY)
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -97,15 +109,27 @@ def _ask_all(server, prompts: list[str]) -> list[tuple[str | None, str]]:
         return list(pool.map(ask, prompts))
 
 
-def test_sixteen_clients_on_two_replicas_match_the_single_process_server(cluster, tmp_path):
+def test_sixteen_clients_on_two_replicas_match_the_single_process_server(cluster, single):
     prompts = [f"Write one sentence about {t}." for t in TOPICS]
     results = _ask_all(cluster, prompts)
     assert set(cluster.replicas()) == {replica for replica, _ in results}  # both served
-    single = yaml_server(tmp_path, config_yaml(""), args=(), api_key=KEY)  # the same config, one process
-    try:
-        assert [text for _, text in results] == [text for _, text in _ask_all(single, prompts)]
-    finally:
-        single.stop()
+    assert [text for _, text in results] == [text for _, text in _ask_all(single, prompts)]
+
+
+def test_hostile_requests_get_the_single_process_answers(cluster, single):
+    for name, request in PROBES.items():
+        status, headers, body = probe(cluster.port, request)
+        if name in PROXY_ANSWERS:   # Ray's proxy answers first; the single process answers in JSON
+            assert (status, headers["content-type"], body) == PROXY_ANSWERS[name], name
+            assert probe(single.port, request)[0] in (400, 404), name
+            continue
+        expected = probe(single.port, request)
+        assert (status, headers) == expected[:2], (name, status, headers, body[:200])
+        ours, theirs = json.loads(body), json.loads(expected[2])
+        if status == 200:   # served: the same length (ids and timestamps differ)
+            assert ours["usage"]["completion_tokens"] == theirs["usage"]["completion_tokens"], name
+        else:
+            assert ours == theirs, name
 
 
 def test_metrics_per_replica_and_summed(cluster):
@@ -177,16 +201,34 @@ def _stream(url: str, prompt: str, stream: bool) -> tuple[int, list[str] | dict]
         return e.code, json.loads(e.read())
 
 
-def test_a_killed_replica_is_replaced_and_only_its_streams_fail(cluster):
+HOT = "You are a patient storyteller for children. Keep every sentence short and kind. " * 3
+
+
+def _hot_burst(server, n: int = 16) -> list[str]:
+    """n identical prompts at once (a shared system prompt's common case): the replica of each."""
+    start = threading.Barrier(n)
+
+    def ask(_):
+        start.wait()
+        raw = server.client().completions.with_raw_response.create(model=SMOLLM, prompt=HOT + "Begin.", max_tokens=8,
+                                                                   temperature=0)
+        return raw.headers["x-specdec-replica"]
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(ask, range(n)))
+
+
+def test_a_killed_replica_is_replaced_only_its_streams_fail_and_it_gets_the_hot_prompt(cluster):
+    """A replica is SIGKILLed under a burst of one hot prompt: streams on it end cleanly, whole
+    answers are retried, Ray brings up a new replica, and the hot prompt reaches the new replica
+    within 30 s of its readiness, also after Ray's queue-length cache for it has gone stale (10 s)."""
     before = cluster.wait_replicas(2)
     victim, pid = sorted(before.items())[0]
-    prompts = [f"Story {i}: once upon a time, {TOPICS[i]}" for i in range(8)]
     with ThreadPoolExecutor(12) as pool:
-        running = [pool.submit(_stream, cluster.url, p, i % 2 == 0) for i, p in enumerate(prompts)]
+        running = [pool.submit(_stream, cluster.url, HOT + "Begin.", i % 2 == 0) for i in range(8)]
         time.sleep(2.0)
         os.kill(pid, signal.SIGKILL)
-        later = [pool.submit(_stream, cluster.url, f"After the failure, {t}", i % 2 == 0)
-                 for i, t in enumerate(TOPICS[8:12])]
+        later = [pool.submit(_stream, cluster.url, HOT + "Begin.", i % 2 == 0) for i in range(4)]
         outcomes = [f.result() for f in running + later]
     failed_streams = 0
     for status, result in outcomes:
@@ -204,6 +246,54 @@ def test_a_killed_replica_is_replaced_and_only_its_streams_fail(cluster):
     assert failed_streams <= 4
     t0 = time.time()
     after = cluster.wait_replicas(2, timeout=60)
-    assert victim not in after and time.time() - t0 < 60
+    ready = time.time()
+    assert victim not in after and ready - t0 < 60
+    assert set(_hot_burst(cluster)) == set(after)       # at once: both serve the hot prompt
+    time.sleep(max(0.0, ready + 12 - time.time()))      # Ray's cached queue length of the new replica is stale
+    assert set(_hot_burst(cluster)) == set(after) and time.time() - ready < 30
     m = cluster.metrics()
     assert m["specdec_ingress_replica_failures_total"] >= failed_streams
+
+
+def test_a_short_soak_with_a_replica_killed_loses_only_its_requests(cluster):
+    from specdec.bench.soak import _ERROR_LINE, soak
+    from specdec.bench.soak_clients import Soak
+    from specdec.prompts import read_set
+    cluster.wait_replicas(2)
+    s = Soak(cluster.url, "127.0.0.1", cluster.port, 16, read_set("chat")[:3] + read_set("prose")[:3], api_key=KEY)
+    a = argparse.Namespace(clients=4, minutes=2.0, max_requests=48, warmup_minutes=0.0, seed=1, kill_replica_at=3.0,
+                           replicas=2)
+    r = soak(s, a, None)
+    print("soak:", {k: r[k] for k in ("by_outcome", "killed_replicas", "kv_blocks_used_after", "wall_seconds")})
+    assert r["requests"] == 48 and r["by_outcome"]["failed"] == 0, r["failures"]
+    (kill,) = r["killed_replicas"]
+    assert kill["at"] < r["wall_seconds"] and r["replicas_after"] == 2
+    assert all(k["replica"] == kill["replica"] for k in r["killed_requests"])
+    assert r["by_outcome"]["ok"] > 0 and r["kv_blocks_leaked"] == {}, r["kv_blocks_used_after"]
+    assert not [line for line in cluster.log_path.read_text().splitlines() if _ERROR_LINE.search(line)]
+
+
+def test_sigterm_drains_a_stream_to_done_and_leaves_no_ray_process(cluster):
+    """Last (it stops the deployment): as the single process, new work gets 503 shutting_down, the
+    stream in flight ends after drain_seconds (2) with an error event and [DONE], and the process
+    exits 0."""
+    body = json.dumps({"model": SMOLLM, "prompt": "Count to a million:", "max_tokens": 1500, "ignore_eos": True,
+                       "stream": True}).encode()
+    req = urllib.request.Request(cluster.url + "/v1/completions", body, {"Content-Type": "application/json",
+                                                                         "Authorization": f"Bearer {KEY}"})
+    stream = urllib.request.urlopen(req, timeout=120)
+    assert stream.readline().startswith(b"data: ")
+    cluster.proc.send_signal(signal.SIGTERM)
+    t0, deadline = time.time(), time.time() + 10
+    while http_json(cluster, "/health") != (503, {"status": "draining"}):
+        assert time.time() < deadline, "the replicas did not start draining"
+        time.sleep(0.1)
+    status, late = http_json(cluster, "/v1/completions", {"prompt": "late", "max_tokens": 2}, key=KEY)
+    assert status == 503 and late["error"]["code"] == "shutting_down"
+    events = [line.decode().removeprefix("data: ").strip() for line in stream if line.strip()]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "shutting_down"
+    assert cluster.proc.wait(60) == 0
+    print(f"SIGTERM to exit: {time.time() - t0:.1f} s")
+    assert cluster.stop() == [], "processes of the Ray instance outlived the server"
+    log = cluster.log_path.read_text()
+    assert " ERROR " not in log and "Traceback" not in log

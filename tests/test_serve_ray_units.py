@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+from collections import Counter
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import engine_config
 from specdec.config import AutoscalingConfig, ServerConfig, ServingConfig, SpeculativeConfig, load_yaml_config
 from specdec.serve_ray.affinity import PrefixIndex
+from specdec.serve_ray.balance import UNSENT_SECONDS, InFlight, pick_replica
 from specdec.serve_ray.exposition import merge
 from specdec.serve_ray.forward import Forwarded, Head, affinity_text, call_app, forwarded_headers
 
@@ -65,25 +68,121 @@ def test_replica_options_carry_scale_router_and_cpus():
     assert "request_router_config" not in replica_options(eng, ServerConfig(), ServingConfig(routing="least_loaded"))
 
 
-def test_prefix_index_finds_the_replica_of_the_longest_prefix():
+def test_prefix_index_finds_the_replicas_of_the_longest_prefix():
     index = PrefixIndex(chunk_chars=8, max_entries=1000)
     index.insert("a" * 8 + "b" * 8 + "c" * 8, "r1")
     index.insert("a" * 8 + "x" * 8, "r2")
-    assert index.match("a" * 8 + "b" * 8 + "c" * 8 + "next turn", {"r1", "r2"}) == ("r1", 24)
-    assert index.match("a" * 8 + "x" * 8 + "y" * 8, {"r1", "r2"}) == ("r2", 16)
-    assert index.match("a" * 8 + "b" * 8, {"r2"}) == ("r2", 8)   # r1 gone: the shared chunk's last owner
-    assert index.match("short", {"r1", "r2"}) == (None, 0)       # no whole chunk
-    assert index.match("z" * 30, {"r1", "r2"}) == (None, 0)
+    assert index.match("a" * 8 + "b" * 8 + "c" * 8 + "next turn", {"r1", "r2"}) == (["r1"], 24)
+    assert index.match("a" * 8 + "x" * 8 + "y" * 8, {"r1", "r2"}) == (["r2"], 16)
+    assert index.match("a" * 8 + "b" * 8, {"r2"}) == (["r2"], 8)   # r1 gone: the shared chunk's other holder
+    assert index.match("a" * 8, {"r1", "r2"}) == (["r1", "r2"], 8)   # first holder first
+    assert index.match("short", {"r1", "r2"}) == ([], 0)       # no whole chunk
+    assert index.match("z" * 30, {"r1", "r2"}) == ([], 0)
     index.forget("r2")
-    assert index.match("a" * 8 + "x" * 8, {"r1", "r2"}) == (None, 0)
+    assert index.match("a" * 8 + "x" * 8, {"r1", "r2"}) == (["r1"], 8)
     # a chat's first turn, shorter than a chunk, is found again when its next turn arrives
     turn1 = "<system>be brief\x1e<user>hi\x1e"
     index.insert(turn1, "r3")
     turn2 = turn1 + "<assistant>hello\x1e<user>more\x1e"
-    assert index.match(turn2, {"r1", "r2", "r3"}) == ("r3", len("<system>be brief<user>hi"))
+    assert index.match(turn2, {"r1", "r2", "r3"}) == (["r3"], len("<system>be brief<user>hi"))
+    index.keep_only({"r3"})   # the replica set changed: r1's pieces are gone, r3's stay
+    assert index.match("a" * 8, {"r1", "r3"}) == ([], 0) and index.match(turn2, {"r3"})[0] == ["r3"]
     small = PrefixIndex(chunk_chars=4, max_entries=3)
     small.insert("abcdefghijklmnop", "r1")   # 4 chunks, the oldest evicted
-    assert len(small.entries) == 3 and small.match("abcdefgh", {"r1"}) == (None, 0)
+    assert len(small.entries) == 3 and small.match("abcdefgh", {"r1"}) == ([], 0)
+
+
+def test_in_flight_counts_chosen_sent_and_finished_requests():
+    now = [0.0]
+    load = InFlight(clock=lambda: now[0])
+    load.chosen("q1", "a")
+    load.chosen("q2", "a")
+    load.sent("q2", "b")      # Ray took the second choice: the count follows the request
+    load.chosen("q3", "b")
+    assert load.counts() == {"a": 1, "b": 2}
+    load.finished("q3")
+    load.finished("q-unknown")
+    now[0] = UNSENT_SECONDS + 1   # q1 was never sent (cancelled while routing): it stops counting
+    assert load.counts() == {"b": 1}
+    load.keep_only({"a"})     # b left the replica set
+    assert load.counts() == {}
+
+
+def test_pick_replica_prefers_holders_within_the_imbalance_then_spreads():
+    rng = random.Random(0)
+    live = ["a", "b", "c"]
+    assert pick_replica(["a"], live, Counter(a=4), 4, rng) == "a"        # 4 more than the idle ones: still a
+    assert pick_replica(["a"], live, Counter(a=5, b=1), 4, rng) == "c"   # 5 more: the least loaded
+    assert pick_replica(["a", "c"], live, Counter(a=5, c=1), 4, rng) == "c"   # the less loaded holder
+    assert pick_replica(["a"], live, Counter(a=1), 0, rng) in ("b", "c")
+    picks = {pick_replica([], live, Counter(a=3, b=3), 4, rng) for _ in range(50)}
+    assert "c" in picks and picks <= set(live)        # new prefixes: the less loaded of two random
+    assert pick_replica([], ["a"], Counter(), 4, rng) == "a"
+
+
+def _deployment():
+    from ray.serve._private.common import DeploymentID   # ray imports slowly: only in the tests that need it
+    return DeploymentID(name="EngineReplica", app_name="specdec")
+
+
+class _Replica:
+    """What the router reads of a running replica: its id."""
+
+    def __init__(self, unique_id: str) -> None:
+        from ray.serve._private.common import ReplicaID
+        self.replica_id = ReplicaID(unique_id, _deployment())
+
+
+def _router(imbalance: int = 4):
+    from ray.serve._private.common import DeploymentHandleSource
+    from specdec.serve_ray.router import PrefixAffinityRouter
+    router = PrefixAffinityRouter(deployment_id=_deployment(), handle_source=DeploymentHandleSource.UNKNOWN,
+                                  use_replica_queue_len_cache=True)
+    router.initialize_state(imbalance=imbalance)
+
+    async def no_probe(replicas, backoff_index):   # fake replicas answer no queue-length probe
+        return []
+    router._probe_queue_lens = no_probe
+    return router
+
+
+async def _burst(router, replicas: list, text: str, n: int, first: int = 0) -> list[str]:
+    """n requests of `text` routed at once (none finishes): the replica each went to."""
+    from ray.serve._private.common import RequestMetadata
+    from ray.serve.request_router import PendingRequest
+    served = []
+    for i in range(first, first + n):
+        pr = PendingRequest(args=[Forwarded("POST", "/v1/completions", affinity=text)], kwargs={},
+                            metadata=RequestMetadata(request_id=f"r{i}", internal_request_id=f"q{i}"))
+        ranks = await router.choose_replicas(replicas, pr)
+        router.on_request_routed(pr, ranks[0][0].replica_id, None)
+        served.append(ranks[0][0].replica_id.unique_id)
+    return served
+
+
+def test_a_restarted_replica_gets_the_hot_prefix_at_once():
+    """The issue's case: 16 identical prompts per burst; after one replica dies and a new one is
+    ready, the next burst is shared by the survivor and the new replica, not 16/0."""
+    asyncio.run(_restart_scenario())
+
+
+async def _restart_scenario() -> None:
+    router, hot = _router(imbalance=4), "You are a helpful assistant. " * 10 + "Say hi."
+    a, b, c = _Replica("a"), _Replica("b"), _Replica("c")
+    router.update_replicas([a, b])
+    first = await _burst(router, [a, b], hot, 16)
+    assert 5 <= first.count("a") <= 11, first
+    for i in range(16):
+        router.on_request_completed(None, f"q{i}")
+    router.on_replica_actor_died(b.replica_id)     # b is killed (SIGKILL) ...
+    router.update_replicas([a])
+    assert router.index.match(hot, {"a", "b"})[0] == ["a"]
+    router.update_replicas([a, c])                 # ... and its replacement c is ready
+    after = await _burst(router, [a, c], hot, 16, first=100)
+    assert after.count("a") >= 5 and after.count("c") >= 5, after
+    assert router.index.match(hot, {"a", "c"})[0] == ["a", "c"]    # the hot prefix now has two holders
+    conversation = await _burst(router, [a, c], "a conversation of its own " * 10, 3, first=200)
+    assert len(set(conversation)) == 1         # a prefix below the imbalance stays on one replica
 
 
 def test_affinity_text_of_requests():
@@ -93,6 +192,13 @@ def test_affinity_text_of_requests():
     assert affinity_text("/v1/completions", b'{"prompt": "def f():"}') == "def f():"
     assert affinity_text("/v1/completions", b'{"prompt": ["first", "second"]}') == "first"
     assert affinity_text("/v1/completions", b'{"prompt": [1, 2, 3]}') == "[1, 2, 3]"
+    # a cache scope comes first: requests of other scopes share no piece, so they do not follow each other
+    salted = affinity_text("/v1/completions", b'{"prompt": "def f():", "cache_salt": "t1"}')
+    keyed = affinity_text("/v1/completions", b'{"prompt": "def f():"}', key_scope="ab12")
+    assert salted == "\x00t1\x1edef f():" and keyed == "ab12\x1edef f():"
+    index = PrefixIndex(chunk_chars=4)
+    index.insert(salted, "r1")
+    assert index.match(keyed, {"r1"})[0] == [] and index.match(salted, {"r1"})[0] == ["r1"]
     for path, body in (("/v1/completions", b"not json"), ("/v1/models", b""), ("/v1/chat/completions", b"[1]"),
                        ("/v1/chat/completions", b'{"messages": "x"}')):
         assert affinity_text(path, body) == ""

@@ -4,9 +4,9 @@ calls cut off by max_tokens, offline /docs, model_name on every metric, and /met
 On the tiny random model, in process (Starlette's TestClient)."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
-import time
 
 import pytest
 from conftest import engine_config
@@ -19,6 +19,7 @@ from specdec.sampling_params import SamplingParams
 from specdec.server.app import build_app
 from specdec.server.async_engine import AsyncEngine
 from specdec.server.metrics import read_samples
+from server_process import started_client
 
 KEY = "vllm-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -26,13 +27,8 @@ CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 NOW = {"type": "function", "function": {"name": "now", "description": "the time"}}
 
 
-def _client(model, config: ServerConfig) -> tuple[TestClient, AsyncEngine]:
-    engine = AsyncEngine(lambda: LLMEngine(engine_config(str(model)), progress=False))
-    engine.start()
-    deadline = time.time() + 120
-    while engine.engine is None and engine.error is None and time.time() < deadline:
-        time.sleep(0.05)
-    return TestClient(build_app(engine, config, "tiny")), engine
+def _client(model, config: ServerConfig):
+    return started_client(lambda: LLMEngine(engine_config(str(model)), progress=False), config)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +78,9 @@ def test_access_log_one_line_per_request(client, caplog):
     a1, a2, a3 = lines["a1"], lines["a2"], lines["a3"]
     assert (a1.method, a1.route, a1.status, a1.completion_tokens) == ("POST", "/v1/completions", 200, 3)
     assert a1.prompt_tokens > 0 and a1.seconds > 0 and a1.levelno == logging.INFO
-    assert re.fullmatch(r'a1 "POST /v1/completions" 200 prompt_tokens=\d+ completion_tokens=3 \d+\.\d{3}s',
-                        a1.getMessage())
+    assert re.fullmatch(r'a1 "POST /v1/completions" 200 prompt_tokens=\d+ completion_tokens=3 key=[0-9a-f]{12} '
+                        r'\d+\.\d{3}s', a1.getMessage())
+    assert a1.api_key_id == hashlib.sha256(KEY.encode()).hexdigest()[:12]
     assert (a2.route, a2.status, a2.completion_tokens) == ("/v1/chat/completions", 200, 4)  # logged at the end
     assert (a3.status, a3.prompt_tokens) == (400, None) and "prompt_tokens" not in a3.getMessage()
 

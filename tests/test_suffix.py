@@ -14,6 +14,7 @@ from specdec.speculation.costs import step_costs
 from specdec.speculation.policy import best_k, expected_tokens
 from specdec.speculation.proposers.suffix import SuffixProposer
 from specdec.speculation.proposers.suffix_cache import DraftLimits, SuffixCache, SuffixIndex
+from specdec.speculation.proposers.suffix_scopes import ScopedSuffixCache
 
 LOOSE = DraftLimits(max_depth=32, min_prob=0.0, factor=8.0)
 
@@ -82,7 +83,8 @@ class _Table:
 
 
 def test_the_proposer_reads_other_requests_outputs_only_as_drafts():
-    cache = SuffixCache(1000)
+    cache = ScopedSuffixCache(1000, max_scopes=4)
+    cache.draft([], 1, LOOSE)     # the default scope drafts by suffix lookup, so it keeps outputs
     cache.add("earlier", [40, 41, 42, 43, 44, 45, 46, 47])
     spec = SpeculativeConfig(method="suffix", suffix=SuffixConfig(spec_factor=4.0))
     proposer = SuffixProposer(cache, spec, _Table())

@@ -73,6 +73,10 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "bench-serve-agentic-xeon": ("2026-12-01", "xeon", "the agentic session under Poisson arrivals, plain and "
                                  "suffix"),
     "bench-soak-xeon": ("2026-12-01", "xeon", "a server process under 8 misbehaving clients for 10 minutes"),
+    "bench-soak-single-smollm-xeon": ("2026-12-02", "xeon", "one server process, SmolLM2-135M, 8 misbehaving "
+                                      "clients for 3 minutes"),
+    "bench-soak-ray2-kill-smollm-xeon": ("2026-12-02", "xeon", "two engine replicas on Ray Serve, one killed 60 s "
+                                         "in, SmolLM2-135M, 8 misbehaving clients for 3 minutes"),
     "bench-structured-xeon": ("2026-12-01", "xeon", "constrained decoding on the structured set: plain, "
                               "grammar-forced drafts, suffix"),
     "bench-replicas-xeon": ("2026-12-01", "xeon", "one server process against two engine replicas on Ray "
@@ -214,6 +218,8 @@ def soak_command(data: dict) -> str:
             f"--max-tokens {data['max_tokens']} --max-batch-size {data['max_batch_size']} --sets {data['sets']} "
             f"--num-prompts {data['num_prompts']} --seed {data['seed']}"
             + (f" --max-requests {data['max_requests']}" if data.get("max_requests") else "")
+            + (f" --replicas {data['replicas']}" if (data.get("replicas") or 1) > 1 else "")
+            + (f" --kill-replica-at {data['kill_replica_at']:g}" if data.get("kill_replica_at") else "")
             + (f" --draft {data['draft']}" if data.get("draft") else ""))
 
 
@@ -419,15 +425,23 @@ def view_soak(data: dict) -> str:
     rows = [[kind, str(k["requests"]), str(k["expected"]), str(k["failed"]), num(k["p50"]), num(k["p99"])]
             for kind, k in data["by_kind"].items()]
     text = table(["kind", "requests", "as expected", "failed", "latency p50 (s)", "p99 (s)"], rows, right_from=1)
-    by, kv = data["by_outcome"], sum(data["kv_blocks_used_after"].values())
+    by, after = data["by_outcome"], data["kv_blocks_used_after"]
+    # with replicas the page also carries their sum (replica="all"): count each block once
+    kv = sum(v for k, v in after.items() if 'replica="all"' in k) if any('replica="all"' in k for k in after) \
+        else sum(after.values())
     served = data.get("served") or {}
+    kill = "" if not data.get("kill_replica_at") else (
+        f" One of {data['replicas']} replicas was killed {data['kill_replica_at']:g} s in: {by.get('killed', 0)} "
+        f"request(s) in flight on it cut, {int(data.get('ingress', {}).get('specdec_ingress_retries_total', 0))} "
+        f"re-sent by the ingress; {data.get('ray_serve_error_log_lines', 0)} ERROR lines in the replicas' Serve logs.")
     return text + (f"\n\nServed at {served.get('precision', data['precision'])}. {data['requests']} requests in "
                    f"{data['wall_seconds'] / 60:.1f} min from {data['clients']} "
                    f"clients: {by['ok']} answered whole, {by['rejected']} invalid ones refused with a 4xx, "
                    f"{by['dropped']} dropped by their client, **{by['failed']} failed**. After the run: "
                    f"{kv:g} KV blocks in use (all pools), resident memory {data['rss_mb_before']:.0f} → "
                    f"{data['rss_mb_after']:.0f} MB ({100 * data['rss_growth']:+.1f} %), "
-                   f"{data['error_log_lines']} ERROR lines in the server's log, exit code {data['server_exit_code']}.")
+                   f"{data['error_log_lines']} ERROR lines in the server's log, exit code {data['server_exit_code']}."
+                   + kill)
 
 
 def view_structured(data: dict) -> str:

@@ -2,7 +2,9 @@
 
 A request ends as `ok` (whole choices with a finish reason; a stream ending in [DONE] after one),
 `rejected` (an invalid request answered with a 4xx error body), `dropped` (the client left on
-purpose) or `failed` (anything else, with what was wrong).
+purpose) or `failed` (anything else, with what was wrong). Each outcome records the replica that
+answered (the `x-specdec-replica` header; empty from one process), so that a soak which kills a
+replica can tell the requests in flight on it from losses.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ class Outcome:
     seconds: float
     at: float             # seconds since the start of the soak
     detail: str = ""
+    replica: str = ""     # the replica that answered (x-specdec-replica), if any
 
 
 @dataclass
@@ -39,14 +42,19 @@ class Soak:
     max_tokens: int
     prompts: list[str]
     outcomes: list[Outcome] = field(default_factory=list)
+    api_key: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def request(s: Soak, path: str, body: bytes, method: str = "POST") -> tuple[http.client.HTTPConnection,
                                                                             http.client.HTTPResponse]:
     conn = http.client.HTTPConnection(s.host, s.port, timeout=900)
-    conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+    conn.request(method, path, body=body, headers=headers(s))
     return conn, conn.getresponse()
+
+
+def headers(s: Soak) -> dict[str, str]:
+    return {"Content-Type": "application/json", **({"Authorization": f"Bearer {s.api_key}"} if s.api_key else {})}
 
 
 def _body(s: Soak, kind: str, rng: random.Random) -> tuple[str, dict]:
@@ -103,8 +111,8 @@ def _check_stream(resp: http.client.HTTPResponse, drop_after: int | None) -> str
         finished = finished or any(c.get("finish_reason") for c in chunk.get("choices", []))
 
 
-def one(s: Soak, kind: str, rng: random.Random) -> tuple[str, str]:
-    """(outcome, detail) of one request of `kind`."""
+def one(s: Soak, kind: str, rng: random.Random, replica: list[str]) -> tuple[str, str]:
+    """(outcome, detail) of one request of `kind`; `replica[0]` is set to the replica that answered."""
     if kind == "invalid":
         conn, resp = request(s, rng.choice(["/v1/completions", "/v1/chat/completions"]), rng.choice(INVALID))
         data = resp.read()
@@ -116,10 +124,11 @@ def one(s: Soak, kind: str, rng: random.Random) -> tuple[str, str]:
     try:
         if kind == "drop_wait":
             conn = http.client.HTTPConnection(s.host, s.port, timeout=900)
-            conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            conn.request("POST", path, body=json.dumps(body).encode(), headers=headers(s))
             time.sleep(rng.uniform(0.2, 1.5))
             return "dropped", ""
         conn, resp = request(s, path, json.dumps(body).encode())
+        replica[0] = resp.getheader("x-specdec-replica") or ""
         if body.get("stream"):
             problem = _check_stream(resp, rng.randint(1, 4) if kind == "drop_stream" else None)
             return ("dropped", "") if problem == "dropped" else ("failed" if problem else "ok", problem)
@@ -139,11 +148,11 @@ def client(s: Soak, seed: int, deadline: float, start: float, budget: list[int],
                 return
             budget[0] -= 1
         kind = rng.choices(kinds, weights)[0]
-        t0 = time.time()
+        t0, replica = time.time(), [""]
         try:
-            outcome, detail = one(s, kind, rng)
+            outcome, detail = one(s, kind, rng, replica)
         except Exception as e:  # noqa: BLE001 - a broken connection is a failed request, recorded
             outcome, detail = "failed", f"{type(e).__name__}: {e}"
         with s.lock:
-            s.outcomes.append(Outcome(kind, outcome, time.time() - t0, t0 - start, detail))
+            s.outcomes.append(Outcome(kind, outcome, time.time() - t0, t0 - start, detail, replica[0]))
         bar.update(1)

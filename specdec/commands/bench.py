@@ -3,6 +3,7 @@ each mode's runner lives in specdec/bench/ and reads the flags it needs."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from specdec.catalog import default_draft
 from specdec.commands.args import DRAFT_PRECISION_HELP, add_model_args, pull_on_first_use
@@ -76,7 +77,9 @@ def _add_mode_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--in-order", action="store_true",
                    help="serve: requests arrive in file order (a session), not shuffled")
     b.add_argument("--clients", type=int, default=8, help="soak, replicas, affinity: concurrent clients")
-    b.add_argument("--replicas", type=int, default=2, help="affinity: engine replicas on Ray")
+    b.add_argument("--replicas", type=int, default=None,
+                   help="affinity: engine replicas on Ray (default 2); soak: serve with this many replicas on Ray "
+                        "(default 1: one process, no Ray)")
     b.add_argument("--cpus-per-replica", type=float, default=1.0, help="replicas, affinity: Ray CPUs per replica")
     b.add_argument("--routing", choices=("affinity", "random", "least_loaded"), default="affinity",
                    help="replicas: how the Ray arms route")
@@ -86,6 +89,9 @@ def _add_mode_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--max-requests", type=int, default=0, help="soak: stop after this many requests (0: no cap)")
     b.add_argument("--warmup-minutes", type=float, default=1.0,
                    help="soak: the same mix first, not counted (memory is measured after it)")
+    b.add_argument("--kill-replica-at", type=float, default=None, metavar="SECONDS",
+                   help="soak with --replicas: SIGKILL one replica this many seconds into the run; the "
+                        "requests in flight on it are counted apart from failures")
     b.add_argument("--policy", choices=SPEC_POLICIES, default="cost_model", help="serve: speculation policy")
     b.add_argument("--seed", type=int, default=0, help="serve: arrivals and prompt choice")
     b.add_argument("--shape", default="17920x1536",
@@ -109,12 +115,14 @@ def _add_mode_args(b: argparse.ArgumentParser) -> None:
 def _with_mode_defaults(a: argparse.Namespace) -> argparse.Namespace:
     """A copy of the flags with the mode's own default output names and arms filled in."""
     stem = _OUTPUTS.get(a.mode)
-    return argparse.Namespace(**{**vars(a),
-                                 "out": f"{stem}.json" if stem and a.out == "bench.json" else a.out,
-                                 "plot": f"{stem}.png" if stem and a.plot == "bench.png" else a.plot,
+    out = f"{stem}.json" if stem and a.out == "bench.json" else a.out
+    return argparse.Namespace(**{**vars(a), "out": out,
+                                 # the plot beside the JSON unless named
+                                 "plot": str(Path(out).with_suffix(".png")) if a.plot == "bench.png" else a.plot,
                                  "arms": a.arms or _ARMS.get(a.mode),
                                  "prompts_file": a.prompts_file or _PROMPTS.get(a.mode),
                                  "max_tokens": a.max_tokens or _MAX_TOKENS.get(a.mode, 64),
+                                 "replicas": a.replicas if a.replicas is not None else (1 if a.mode == "soak" else 2),
                                  "num_prompts": a.num_prompts if a.num_prompts is not None else _NUM_PROMPTS.get(a.mode, 3)})
 
 
@@ -155,8 +163,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
         cmd_matmul(a)
     elif a.mode == "soak":
         from specdec.bench.soak import run_soak_bench
-        if a.clients < 1 or a.minutes <= 0 or a.max_requests < 0 or a.warmup_minutes < 0:
-            raise ValueError("--clients must be >= 1, --minutes > 0, --max-requests and --warmup-minutes >= 0")
+        if a.clients < 1 or a.minutes <= 0 or a.max_requests < 0 or a.warmup_minutes < 0 or a.replicas < 1:
+            raise ValueError("--clients and --replicas must be >= 1, --minutes > 0, --max-requests and "
+                             "--warmup-minutes >= 0")
+        if a.kill_replica_at is not None and (a.replicas < 2 or a.kill_replica_at < 0):
+            raise ValueError("--kill-replica-at needs --replicas 2 or more, and SECONDS >= 0")
         run_soak_bench(a)
     elif a.mode == "structured":
         from specdec.bench.structured import run_structured_bench

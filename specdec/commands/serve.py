@@ -21,6 +21,7 @@ from specdec.commands.args import (
     speculative_config,
 )
 from specdec.config import (
+    CACHE_SCOPES,
     LOG_LEVELS,
     CacheConfig,
     EngineConfig,
@@ -50,6 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=None)
     sv.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (or set SPECDEC_API_KEY)")
+    sv.add_argument("--api-keys-file", default=None,
+                    help="more API keys (tenants), one per line; only --api-key opens /admin")
+    sv.add_argument("--cache-scope", choices=CACHE_SCOPES, default=None,
+                    help="api_key: each key's requests share prefix and suffix caches only among themselves "
+                         "(default shared; cache_salt separates requests either way)")
+    sv.add_argument("--suffix-cache-path", default=None,
+                    help="save the suffix cache to this file on shutdown and load it at start")
     sv.add_argument("--router", action="store_true",
                     help="choose a proposer per request (domain guess + measured gain)")
     sv.add_argument("--extra-draft", action="append", default=[],
@@ -74,7 +82,7 @@ def serve_configs(a: argparse.Namespace) -> tuple[EngineConfig, ServerConfig, Se
     model = _model_config(a, engine_cfg.model)
     sched = {**dataclasses.asdict(engine_cfg.scheduler), **scheduler_overrides(a)}
     engine_cfg = EngineConfig(model=model, cache=CacheConfig(**dataclasses.asdict(engine_cfg.cache)),
-                              scheduler=SchedulerConfig(**sched),
+                              scheduler=SchedulerConfig(**sched), structured=engine_cfg.structured,
                               speculative=_speculative(a, engine_cfg.speculative, model.model))
     return engine_cfg, _server_config(a, server_cfg), _serving_config(a, serving)
 
@@ -100,6 +108,23 @@ def check_before_loading(engine_cfg: EngineConfig, a: argparse.Namespace) -> Non
     check_device(engine_cfg.model.device, "--device" if a.device is not None else "execution_config.device")
     check_chat_template(engine_cfg.model.chat_template,
                         "--chat-template" if a.chat_template is not None else "execution_config.chat_template")
+
+
+def check_server(engine_cfg: EngineConfig, server: ServerConfig, serving: ServingConfig) -> None:
+    """The server settings that read files, checked before a model loads: the keys file, and where the
+    suffix cache is saved (one process with speculation, in a folder that exists)."""
+    server.all_keys()
+    path = server.suffix_cache_path
+    if path is None:
+        return
+    if serving.on_ray:
+        raise ValueError("server.suffix_cache_path works with one process: replicas would overwrite each "
+                         "other's file")
+    if engine_cfg.speculative is None:
+        raise ValueError("server.suffix_cache_path needs speculation (the suffix cache): drop --no-spec")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(f"server.suffix_cache_path: {folder} is not a folder this process can write")
 
 
 def _model_config(a: argparse.Namespace, base: ModelConfig) -> ModelConfig:
@@ -134,7 +159,8 @@ def _speculative(a: argparse.Namespace, base: SpeculativeConfig | None, model: s
 
 def _server_config(a: argparse.Namespace, base: ServerConfig) -> ServerConfig:
     server = dataclasses.asdict(base)
-    for name in ("host", "port", "api_key", "shadow_fraction", "served_model_name", "log_level"):
+    for name in ("host", "port", "api_key", "shadow_fraction", "served_model_name", "log_level", "api_keys_file",
+                 "cache_scope", "suffix_cache_path"):
         if getattr(a, name) is not None:
             server[name] = getattr(a, name)
     if server["api_key"] is None and os.environ.get("SPECDEC_API_KEY"):
@@ -166,8 +192,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from specdec.server.app import build_app
     from specdec.server.async_engine import AsyncEngine
     from specdec.server.lifecycle import DrainingServer, JSONErrorsH11
+    from specdec.server.lifecycle import restore_suffix_cache
     engine_cfg, server_cfg, serving = serve_configs(a)
     check_before_loading(engine_cfg, a)
+    check_server(engine_cfg, server_cfg, serving)
     check_pulled(config_models(engine_cfg))  # a server installs nothing: say which pull is missing, exit 2
     configure_logging(server_cfg.log_level)
     if serving.on_ray:
@@ -178,12 +206,14 @@ def cmd_serve(a: argparse.Namespace) -> int:
         engine = LLMEngine(engine_cfg, progress=True)
         print(f"model {engine.loaded.name} ({engine.precision}, {engine_cfg.model.device}) loaded; "
               + describe_speculation(engine.config.speculative), file=sys.stderr)
+        if server_cfg.suffix_cache_path is not None:
+            restore_suffix_cache(engine, server_cfg.suffix_cache_path)
         return engine
 
     engine = AsyncEngine(build, queue_timeout=server_cfg.queue_timeout)
     app = build_app(engine, server_cfg, engine_cfg.model.model.rsplit("/", 1)[-1])
     engine.start()
-    auth = "API key required" if server_cfg.api_key else "no API key"
+    auth = "API key required" if server_cfg.has_keys else "no API key"
     print(f"serving {engine_cfg.model.model} on http://{server_cfg.host}:{server_cfg.port} ({auth}); "
           "/health answers 503 until the models are loaded", file=sys.stderr)
     # uvicorn's own lines (startup, its access log) only from warning on: ours say the same

@@ -4,6 +4,9 @@ Paired verbs: `can_allocate` / `allocate` (append slots), `rollback` (drop the l
 rejected draft tokens), `can_fork` / `fork` (share blocks, copy-on-write on the next write), `free`. `commit`
 hashes blocks whose tokens are all committed; a hashed block is never rolled back or written again,
 so it can be shared through the prefix cache.
+
+Prefix hashes are chained from a scope's root (a request's `cache_scope`: "" or a salt's digest), so
+blocks are found only by requests of the same scope.
 """
 from __future__ import annotations
 
@@ -12,6 +15,11 @@ from specdec.core.block_pool import BlockPool, hash_block
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def scope_root(scope: str) -> bytes | None:
+    """The parent hash of a scope's first block (None: the default scope's)."""
+    return bytes.fromhex(scope) if scope else None
 
 
 class KVCacheManager:
@@ -24,11 +32,11 @@ class KVCacheManager:
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
 
     # ---- prefix cache -------------------------------------------------------------------------
-    def find_cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """Blocks already holding a prefix of token_ids. The last token is always left to compute,
-        so the forward that follows has a position to return logits for."""
+    def find_cached_prefix(self, token_ids: list[int], scope: str = "") -> list[int]:
+        """Blocks of this scope already holding a prefix of token_ids. The last token is always left
+        to compute, so the forward that follows has a position to return logits for."""
         blocks: list[int] = []
-        parent: bytes | None = None
+        parent = scope_root(scope)
         bs = self.block_size
         for i in range((len(token_ids) - 1) // bs):
             parent = hash_block(parent, token_ids[i * bs:(i + 1) * bs])
@@ -100,14 +108,15 @@ class KVCacheManager:
         del table[keep:]
         self.num_slots[request_id] = slots
 
-    def commit(self, request_id: str, token_ids: list[int]) -> None:
-        """token_ids are the request's committed tokens (all with K/V computed): hash newly full blocks."""
+    def commit(self, request_id: str, token_ids: list[int], scope: str = "") -> None:
+        """token_ids are the request's committed tokens (all with K/V computed): hash newly full blocks
+        (the first from the root of the request's cache scope)."""
         hashes = self.block_hashes[request_id]
         table = self.block_tables[request_id]
         bs = self.block_size
         num_full = min(len(token_ids), self.num_slots[request_id]) // bs
         for i in range(len(hashes), num_full):
-            h = hash_block(hashes[-1] if hashes else None, token_ids[i * bs:(i + 1) * bs])
+            h = hash_block(hashes[-1] if hashes else scope_root(scope), token_ids[i * bs:(i + 1) * bs])
             hashes.append(h)
             if self.pool.block_hash[table[i]] is None:
                 self.pool.cache_block(table[i], h)

@@ -68,7 +68,8 @@ class Scheduler:
             raise ValueError(f"request needs up to {cdiv(worst, pool.block_size)} draft KV blocks; the draft "
                              f"pool has {pool.num_blocks} (raise draft_cache_blocks, lower max_tokens, or "
                              "disable speculation for it)")
-        sibling = next((r for r in queue if r.prompt_token_ids == req.prompt_token_ids and r.fork_of is None), None)
+        sibling = next((r for r in queue if r.prompt_token_ids == req.prompt_token_ids and r.fork_of is None
+                        and r.params.cache_scope == req.params.cache_scope), None)
         if sibling is not None and self.kv.pool.enable_caching:
             req.fork_of = sibling.request_id   # an identical prompt ahead of it: prefill once, share the blocks
         queue.append(req)
@@ -125,7 +126,7 @@ class Scheduler:
                 scheduled.append(req)
                 budget -= 1
                 continue
-            cached = self.kv.find_cached_prefix(req.all_token_ids)
+            cached = self.kv.find_cached_prefix(req.all_token_ids, req.params.cache_scope)
             num_cached = len(cached) * self.kv.block_size
             req.num_computed_tokens = num_cached
             num_new = self._num_new_tokens(req, budget)
@@ -186,7 +187,7 @@ class Scheduler:
         pool = self.draft_pools.get(req.spec_method or "")
         if pool is None or req.request_id in pool.block_tables:
             return True
-        draft_cached = pool.find_cached_prefix(req.all_token_ids)
+        draft_cached = pool.find_cached_prefix(req.all_token_ids, req.params.cache_scope)
         return pool.can_allocate(req.request_id, req.num_tokens - len(draft_cached) * pool.block_size + reserve,
                                  draft_cached)
 

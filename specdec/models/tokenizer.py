@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import codecs
 import copy
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,11 @@ class Tokenizer:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of the vocabulary: token ids saved under one fingerprint mean the same text."""
+        return hashlib.sha256("\x00".join(self.token_strings).encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
     def with_chat_template(self, setting: str) -> Tokenizer:
         """A copy that renders chats with another template (`setting`: a file or the template text,

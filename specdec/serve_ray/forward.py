@@ -41,9 +41,11 @@ def forwarded_headers(raw: Headers, body: bytes) -> Headers:
     return kept + [(b"content-length", str(len(body)).encode())]
 
 
-def affinity_text(path: str, body: bytes) -> str:
+def affinity_text(path: str, body: bytes, key_scope: str = "") -> str:
     """The text a generation request starts with: the completion prompt, or the chat messages in
-    order (role and content), as the chat template lays them out. Empty for anything else."""
+    order (role and content), as the chat template lays them out; after its cache scope (the API
+    key's, `key_scope`, and the request's cache_salt), so that requests follow each other to a
+    replica only where they could share its caches. Empty for anything else."""
     if path not in ("/v1/completions", "/v1/chat/completions") or not body:
         return ""
     try:
@@ -52,6 +54,12 @@ def affinity_text(path: str, body: bytes) -> str:
         return ""
     if not isinstance(doc, dict):
         return ""
+    salt = doc.get("cache_salt")
+    scope = key_scope + (f"\x00{salt}" if isinstance(salt, str) else "")
+    return (f"{scope}{SEPARATOR}" if scope else "") + _prompt_text(path, doc)
+
+
+def _prompt_text(path: str, doc: dict) -> str:
     if path == "/v1/completions":
         prompt = doc.get("prompt")
         prompt = prompt[0] if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else prompt

@@ -8,6 +8,7 @@ that had not started is not lost. One that dies while its answer streams: an err
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 
@@ -77,7 +78,7 @@ class Ingress:
         fwd = Forwarded(request.method, request.url.path, request.scope.get("query_string", b""),
                         forwarded_headers(request.scope["headers"], body), body,
                         request.client.host if request.client else "127.0.0.1",
-                        affinity_text(request.url.path, body))
+                        affinity_text(request.url.path, body, self._key_scope(request)))
         for attempt in range(ATTEMPTS):
             chunks = self.replicas.forward.options(stream=True).remote(fwd)
             try:
@@ -91,6 +92,12 @@ class Ingress:
                 return JSONResponse(error_body(500, "internal server error"), status_code=500)
         return JSONResponse(error_body(503, "no replica could take the request; retry it", code="replica_failed"),
                             status_code=503, headers={"Retry-After": str(self.config.retry_after)})
+
+    def _key_scope(self, request: Request) -> str:
+        """Under `cache_scope: api_key`, a name for the request's key (a digest of its header)."""
+        if self.config.cache_scope != "api_key":
+            return ""
+        return hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()[:12]
 
     async def metrics(self, request: Request):
         pages = await self.board.snapshot.remote()

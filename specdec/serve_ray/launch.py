@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import ray
 from ray import serve
@@ -16,11 +17,12 @@ from ray.serve.config import RequestRouterConfig
 
 from specdec.config import EngineConfig, ServerConfig, ServingConfig, load_yaml_config
 from specdec.serve_ray.ingress import IngressDeployment
-from specdec.serve_ray.replica import EngineReplica, MetricsBoard
+from specdec.serve_ray.replica import PUSH_SECONDS, EngineReplica, MetricsBoard
 from specdec.serve_ray.router import ROUTERS
 
 log = logging.getLogger("specdec.serve_ray")
 APP_NAME = "specdec"
+_SETTLE_SECONDS = 5.0 + 2 * PUSH_SECONDS  # a drain's settling (server/lifecycle.py) and two metric pushes
 
 
 def replica_options(engine: EngineConfig, server: ServerConfig, serving: ServingConfig) -> dict:
@@ -104,9 +106,23 @@ def run(engine: EngineConfig, server: ServerConfig, serving: ServingConfig, mode
         while not stop.wait(0.5):
             pass
         print("shutting down", file=sys.stderr)
+        _drain(board, server.drain_seconds)
     finally:
         _teardown(local)
     return 0
+
+
+def _drain(board, seconds: float) -> None:
+    """Drain every replica's app as `specdec serve` drains its own: new work gets 503 with
+    Retry-After, the requests in flight get `seconds`, then the rest end with an error event and
+    `data: [DONE]`. Ray's own replica shutdown would cut the streams through its proxy."""
+    try:
+        ray.get(board.drain.remote())
+        deadline = time.monotonic() + seconds + _SETTLE_SECONDS
+        while not ray.get(board.drained.remote()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    except Exception as e:  # noqa: BLE001 - the teardown still runs
+        log.warning("drain: %s", e)
 
 
 def _teardown(local: bool) -> None:

@@ -1,6 +1,8 @@
 """One engine replica: the single-process server's app (server/app.py) around its own engine,
 driven over ASGI by the ingress (`forward`), plus the replica's /metrics page pushed to the
-deployment's `MetricsBoard` every second so that the ingress can serve one page for all.
+deployment's `MetricsBoard` every second so that the ingress can serve one page for all. The board
+also carries the shutdown: once `specdec serve` asks it to drain, each replica's app drains as the
+single process does on SIGTERM (server/lifecycle.py), and reports when it is done.
 
 A replica whose configured draft model fails to load serves plain decoding (logged, and reported as
 `specdec_replica_degraded` 1) rather than failing: one bad draft file does not take down the
@@ -28,13 +30,22 @@ _DEGRADED = ("# HELP specdec_replica_degraded 1: the configured draft failed to 
 
 class MetricsBoard:
     """A small Ray actor: the latest /metrics page of each live replica (a page not refreshed for
-    `ttl` seconds is a replica gone, and is dropped)."""
+    `ttl` seconds is a replica gone, and is dropped), and whether the deployment is shutting down."""
 
     def __init__(self, ttl: float = 5.0) -> None:
-        self.ttl, self.pages = ttl, {}
+        self.ttl, self.pages, self.draining = ttl, {}, False
 
-    def put(self, replica: str, page: str, info: dict) -> None:
+    def put(self, replica: str, page: str, info: dict) -> bool:
+        """Store a replica's page; returns whether the replicas are to drain."""
         self.pages[replica] = (time.monotonic(), page, info)
+        return self.draining
+
+    def drain(self) -> None:
+        self.draining = True
+
+    def drained(self) -> bool:
+        """Every live replica has drained (its requests finished or ended)."""
+        return all(info.get("drained") for _, info in self.snapshot().values())
 
     def drop(self, replica: str) -> None:
         self.pages.pop(replica, None)
@@ -67,7 +78,7 @@ class EngineReplica:
         from specdec.server.app import build_app
         from specdec.server.async_engine import AsyncEngine
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.board, self.degraded = board, None
+        self.board, self.degraded, self._drain = board, None, None
 
         def build() -> LLMEngine:
             engine, self.degraded = build_engine(engine_config)
@@ -93,15 +104,18 @@ class EngineReplica:
             raise RuntimeError(f"replica {self.replica_id}: the engine thread is gone")
 
     def info(self) -> dict:
-        return {"pid": os.getpid(), "degraded": self.degraded}
+        return {"pid": os.getpid(), "degraded": self.degraded,
+                "drained": self._drain is not None and self._drain.done()}
 
     async def _push(self) -> None:
+        from specdec.server.lifecycle import drain
         ctx = self.app.state.specdec
         while True:
             try:
                 page = await asyncio.to_thread(generate_latest, ctx.metrics.registry)
                 page += _DEGRADED.format(int(self.degraded is not None)).encode()
-                await self.board.put.remote(self.replica_id, page.decode(), self.info())
+                if await self.board.put.remote(self.replica_id, page.decode(), self.info()) and self._drain is None:
+                    self._drain = asyncio.create_task(drain(ctx))  # the SIGTERM drain of `specdec serve`
             except Exception as e:  # noqa: BLE001 - the next push may work; metrics never stop serving
                 log.warning("replica %s: metrics push failed: %s", self.replica_id, e)
             await asyncio.sleep(PUSH_SECONDS)

@@ -29,10 +29,11 @@ from specdec.server.shadow import ShadowAB
 def build_app(engine: AsyncEngine, config: ServerConfig, model_name: str) -> FastAPI:
     """The app serving `engine` (started by the caller); `model_name` is the reported model id
     unless config.served_model_name is set (then requests may still name either). Raises
-    ValueError for a config that cannot be served safely (metrics_require_key without an API key)."""
-    if config.metrics_require_key and config.api_key is None:
+    ValueError for a config that cannot be served safely (metrics_require_key without an API key, an
+    unreadable keys file)."""
+    if config.metrics_require_key and not config.has_keys:
         raise ValueError("server.metrics_require_key is set but no API key is configured (server.api_key, "
-                         "--api-key or $SPECDEC_API_KEY): /metrics could not be protected")
+                         "api_keys, api_keys_file, --api-key or $SPECDEC_API_KEY): /metrics could not be protected")
     app = FastAPI(title="specdec", version=__version__, description=__doc__.split("\n\n")[0],
                   docs_url=None, redoc_url=None, openapi_url="/openapi.json" if config.openapi else None)
     openapi.install(app)

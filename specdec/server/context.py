@@ -24,10 +24,21 @@ class ServerContext:
     served_model: str                     # the model id the API reports
     aliases: tuple[str, ...] = ()         # other names a request may give for it
     draining: bool = False                # shutting down: new work gets 503
-    expected_auth: bytes = field(init=False)  # sha256 of the Authorization header that passes
+    # sha256 of each Authorization header that passes -> its key's id (a digest prefix: logs and cache
+    # scopes name keys by it, never by the key); the operator's (api_key) alone opens /admin
+    key_ids: dict[bytes, str] = field(init=False)
+    admin_auth: bytes | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self.expected_auth = hashlib.sha256(f"Bearer {self.config.api_key}".encode()).digest()
+        self.key_ids = {_auth_digest(k): hashlib.sha256(k.encode()).hexdigest()[:12] for k in self.config.all_keys()}
+        self.admin_auth = None if self.config.api_key is None else _auth_digest(self.config.api_key)
+
+    def cache_salt(self, key_id: str | None, salt: str | None) -> str | None:
+        """The salt a request's caches are scoped by: its own cache_salt, within its API key's scope
+        under `cache_scope: api_key`."""
+        if self.config.cache_scope != "api_key":
+            return salt
+        return f"key:{key_id}" if salt is None else f"key:{key_id}\x00{salt}"
 
     def ready_engine(self) -> LLMEngine:
         """The engine once its models are loaded. Raises APIError 503 before (or if loading failed)."""
@@ -55,3 +66,7 @@ class ServerContext:
 def context(request: Request) -> ServerContext:
     """FastAPI dependency: the context of the app serving this request."""
     return request.app.state.specdec
+
+
+def _auth_digest(key: str) -> bytes:
+    return hashlib.sha256(f"Bearer {key}".encode()).digest()

@@ -3,17 +3,20 @@
 On SIGTERM or SIGINT the server stops admitting work (503 with Retry-After; /health says
 `draining`), gives the requests in flight `drain_seconds` to finish, then ends the rest with an error
 (a final event on each open stream, an error body for the others) and lets uvicorn close the
-connections. A second signal quits at once."""
+connections. A second signal quits at once. With `server.suffix_cache_path` the suffix cache is
+saved at the end of the drain, and loaded when the engine is built."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from specdec.engine import LLMEngine
 from specdec.server.async_engine import RequestFailed
 from specdec.server.context import ServerContext
 from specdec.server.errors import error_body
@@ -40,6 +43,29 @@ async def drain(ctx: ServerContext) -> None:
         log.info("drain time is over: ending %d request(s)", left)
         ctx.engine.fail_all(RequestFailed(503, "the server is shutting down", "shutting_down", retry=True))
         await _wait_idle(ctx, _SETTLE_SECONDS)
+    if ctx.config.suffix_cache_path is not None and ctx.engine.ready:
+        await _save_suffix_cache(ctx, ctx.config.suffix_cache_path)
+
+
+async def _save_suffix_cache(ctx: ServerContext, path: str) -> None:
+    try:
+        tokens = await ctx.engine.call(lambda engine: engine.save_suffix_cache(path))
+        log.info("suffix cache: saved %d tokens to %s", tokens, path)
+    except OSError as e:
+        log.error("suffix cache: could not save to %s: %s", path, e)
+
+
+def restore_suffix_cache(engine: LLMEngine, path: str) -> None:
+    """Load the suffix cache saved at `path` (on the engine thread, before serving). No file: a first
+    start. A file it cannot trust is refused, said once on the log, and the server starts empty (the
+    next drain replaces it)."""
+    if not os.path.exists(path):
+        log.info("suffix cache: %s does not exist yet; starting empty", path)
+        return
+    try:
+        log.info("suffix cache: loaded %d tokens from %s", engine.load_suffix_cache(path), path)
+    except ValueError as e:
+        log.error("suffix cache refused, starting empty: %s", e)
 
 
 class DrainingServer(uvicorn.Server):

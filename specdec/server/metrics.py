@@ -181,8 +181,10 @@ def _router_families(spec: SpeculationStats | None) -> Iterator[Metric]:
 def _cache_families(spec: SpeculationStats | None) -> Iterator[Metric]:
     """Shared draft caches (size and memory) and the drafts proposers took from lookups."""
     tokens = GaugeMetricFamily("specdec_draft_cache_tokens", "Tokens held by a shared draft cache", labels=["cache"])
-    budget = GaugeMetricFamily("specdec_draft_cache_max_tokens", "A shared draft cache's token budget",
+    budget = GaugeMetricFamily("specdec_draft_cache_max_tokens", "A shared draft cache's token budget (per scope)",
                                labels=["cache"])
+    scopes = GaugeMetricFamily("specdec_draft_cache_scopes", "Cache scopes (cache_salt or API key) a shared draft "
+                               "cache keeps apart", labels=["cache"])
     memory = GaugeMetricFamily("specdec_draft_cache_bytes", "Approximate host memory of a shared draft cache",
                                labels=["cache"])
     seqs = GaugeMetricFamily("specdec_draft_cache_sequences", "Finished outputs held by a shared draft cache",
@@ -192,6 +194,7 @@ def _cache_families(spec: SpeculationStats | None) -> Iterator[Metric]:
     for c in spec.caches if spec else ():
         tokens.add_metric([c.name], c.num_tokens)
         budget.add_metric([c.name], c.max_tokens)
+        scopes.add_metric([c.name], c.num_scopes)
         memory.add_metric([c.name], c.approx_bytes)
         seqs.add_metric([c.name], c.num_sequences)
         evicted.add_metric([c.name], c.num_evicted)
@@ -202,7 +205,7 @@ def _cache_families(spec: SpeculationStats | None) -> Iterator[Metric]:
     for name, st in (spec.free_drafts if spec else {}).items():
         free_d.add_metric([name], st.drafted_tokens)
         free_a.add_metric([name], st.accepted_tokens)
-    yield from (tokens, budget, memory, seqs, evicted, free_d, free_a)
+    yield from (tokens, budget, scopes, memory, seqs, evicted, free_d, free_a)
 
 
 def read_samples(text: str, keep_model_name: bool = False) -> dict[str, float]:

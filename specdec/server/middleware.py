@@ -30,6 +30,7 @@ class AccessRecord:
     request_id: str
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    api_key_id: str | None = None      # the id of the key the request came with (a digest prefix)
 
 
 def request_id_of(headers: dict[bytes, bytes]) -> str:
@@ -77,10 +78,12 @@ def _log_access(scope, record: AccessRecord, status: int, seconds: float) -> Non
     route = getattr(scope.get("route"), "path", None) or scope.get("path", "")  # the template: few distinct values
     tokens = "" if record.prompt_tokens is None else \
         f" prompt_tokens={record.prompt_tokens} completion_tokens={record.completion_tokens}"
-    access_log.info("%s \"%s %s\" %d%s %.3fs", record.request_id, scope.get("method"), route, status, tokens,
+    key = "" if record.api_key_id is None else f" key={record.api_key_id}"
+    access_log.info("%s \"%s %s\" %d%s%s %.3fs", record.request_id, scope.get("method"), route, status, tokens, key,
                     seconds, extra={"request_id": record.request_id, "method": scope.get("method"), "route": route,
                                     "status": status, "prompt_tokens": record.prompt_tokens,
-                                    "completion_tokens": record.completion_tokens, "seconds": seconds})
+                                    "completion_tokens": record.completion_tokens, "api_key_id": record.api_key_id,
+                                    "seconds": seconds})
 
 
 class BodyLimit:
@@ -134,13 +137,19 @@ class BodyLimit:
 
 
 async def check_auth(request: Request) -> None:
-    """With an API key configured, require `Authorization: Bearer KEY` (401 otherwise)."""
+    """With API keys configured, require `Authorization: Bearer KEY` with one of them (401
+    otherwise); the request's access record names the key by its id."""
     ctx = context(request)
-    if ctx.config.api_key is None:
+    if not ctx.key_ids:
         return
     given = hashlib.sha256(request.headers.get("authorization", "").encode()).digest()
-    if not hmac.compare_digest(given, ctx.expected_auth):  # digests: equal length, so no length leak
+    matched = None
+    for digest, key_id in ctx.key_ids.items():   # every key compared: the time says nothing of which matched
+        if hmac.compare_digest(given, digest):   # digests: equal length, so no length leak
+            matched = key_id
+    if matched is None:
         raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key")
+    access_record(request).api_key_id = matched
 
 
 async def check_metrics_auth(request: Request) -> None:
@@ -150,7 +159,11 @@ async def check_metrics_auth(request: Request) -> None:
 
 
 async def check_admin(request: Request) -> None:
-    """Admin routes change what the server runs: without an API key they are off (403)."""
-    if context(request).config.api_key is None:
-        raise APIError(403, "admin endpoints are disabled: start the server with an API key")
-    await check_auth(request)
+    """Admin routes change what the server runs: they take the operator's key (server.api_key) only,
+    and without one they are off (403)."""
+    ctx = context(request)
+    if ctx.admin_auth is None:
+        raise APIError(403, "admin endpoints are disabled: start the server with an API key (server.api_key)")
+    given = hashlib.sha256(request.headers.get("authorization", "").encode()).digest()
+    if not hmac.compare_digest(given, ctx.admin_auth):
+        raise APIError(401, "invalid or missing admin API key (Authorization: Bearer ...)", code="invalid_api_key")

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from specdec.request import SpecOptions
-from specdec.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams, StructuredOutput
+from specdec.sampling_params import MAX_CACHE_SALT, MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams, StructuredOutput
 
 MAX_STOP = 16          # stop strings per request
 MAX_TOP_LOGPROBS = MAX_LOGPROBS
@@ -94,6 +94,8 @@ class _Sampling(_Strict):
     # OpenAI's map of token id (a string key in JSON) -> bias in [-100, 100], added to the logit
     logit_bias: dict[str, float] | None = None
     speculative: SpeculativeRequest | None = None
+    # vLLM's: prefix-cache blocks and suffix-cache drafts are shared only among requests with the same salt
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT)
     # structured output: OpenAI's response_format, or vLLM's guided_* fields (through extra_body)
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -154,14 +156,15 @@ class _Sampling(_Strict):
         return chosen[0] if chosen else None
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0,
-                        structured: StructuredOutput | None = None) -> SamplingParams:
+                        structured: StructuredOutput | None = None, cache_salt: str | None = None) -> SamplingParams:
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             seed=None if self.seed is None else (self.seed + seed_offset) % 2**63,
             max_tokens=max_tokens, stop=list(self.stop or []), stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, logprobs=logprobs, structured=structured, logit_bias=self.bias_by_id())
+            ignore_eos=self.ignore_eos, logprobs=logprobs, structured=structured, logit_bias=self.bias_by_id(),
+            cache_salt=cache_salt)
 
 
 class CompletionRequest(_Sampling):

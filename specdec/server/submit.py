@@ -78,20 +78,23 @@ async def start(ctx: ServerContext, jobs: list[Job], spec: SpecOptions | None) -
 
 
 def sampling(body, max_tokens: int, logprobs: int | None, j: int,
-             structured: StructuredOutput | None = None) -> SamplingParams:
-    """The sampling parameters of choice j (its seed offset by j)."""
+             structured: StructuredOutput | None = None, cache_salt: str | None = None) -> SamplingParams:
+    """The sampling parameters of choice j (its seed offset by j), in the caches' scope `cache_salt`
+    (ServerContext.cache_salt)."""
     try:
-        return body.sampling_params(max_tokens, logprobs, seed_offset=j, structured=structured)
+        return body.sampling_params(max_tokens, logprobs, seed_offset=j, structured=structured, cache_salt=cache_salt)
     except ValueError as e:
         raise APIError(400, str(e)) from None
 
 
 async def compile_structured(ctx: ServerContext, structured: StructuredOutput, param: str) -> StructuredOutput:
     """Check a constraint against the model's tokenizer before anything is queued: an invalid schema,
-    regex or grammar is a 400 naming the field (compiled off the event loop: the first one also
-    builds the grammar engine's view of the vocabulary)."""
+    regex or grammar, or one over a structured_outputs bound, is a 400 naming the field and the bound
+    (compiled off the event loop, on the compiler's own thread: a slow compile holds no server
+    thread, and its answer comes within compile_timeout_s)."""
     try:
-        await asyncio.to_thread(ctx.ready_engine().grammars.compile, structured)
+        compiling = await asyncio.to_thread(ctx.ready_engine().grammars.compile_async, structured)
+        await asyncio.wrap_future(compiling)
     except ValueError as e:
         raise APIError(400, f"{param}: {e}", param) from None
     return structured

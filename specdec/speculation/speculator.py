@@ -33,6 +33,7 @@ from specdec.speculation.controller import SpecController
 from specdec.speculation.costs import OutputLengths
 from specdec.speculation.draft_set import DraftSet
 from specdec.speculation.proposers.base import DraftProposal, Drafts, Proposer
+from specdec.speculation.proposers.suffix_scopes import ScopedSuffixCache
 from specdec.speculation.router import DraftRouter, guess_domain
 
 log = logging.getLogger("specdec.speculation")
@@ -343,12 +344,12 @@ class Speculator:
             proposer.free(request_id)
 
     def free(self, req: Request) -> None:
-        """The request finished or was aborted: its output joins the shared caches (after the
+        """The request finished or was aborted: its output joins its scope's shared caches (after the
         prompt's last few tokens, the chat template's turn header among them: what the next
         request's output will follow)."""
         start = max(0, req.num_prompt_tokens - _PROMPT_TAIL)
         for cache in self.drafts.shared.values():
-            cache.add(req.request_id, req.all_token_ids[start:])
+            cache.add(req.request_id, req.all_token_ids[start:], req.params.cache_scope)
         if not req.params.ignore_eos and req.output_token_ids and req.status != RequestStatus.FINISHED_ABORTED:
             self.lengths.record(req.spec_domain, len(req.output_token_ids))
         if req.spec_method is not None:
@@ -370,6 +371,12 @@ class Speculator:
 
     def unload(self, model: str, requests: list[Request]) -> str:
         return self.drafts.unload(model, requests)
+
+    def suffix_cache(self) -> ScopedSuffixCache:
+        """The engine's suffix cache (every speculating engine has one: suffix lookup is model-free)."""
+        cache = self.drafts.shared.get(ScopedSuffixCache.name)
+        assert isinstance(cache, ScopedSuffixCache), "the suffix proposer builds it"
+        return cache
 
     def clear_caches(self) -> None:
         """Forget every finished request's output (a benchmark's next session starts cold)."""

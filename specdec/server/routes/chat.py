@@ -135,9 +135,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: S
     ids, max_tokens = prepare(ctx, chat_prompt_ids(ctx, body.messages, tools), body.requested_max_tokens(),
                               "messages")
     subs = [Sub(j, 0, len(ids), "") for j in range(body.n)]
-    jobs = [(ids, sampling(body, max_tokens, body.num_logprobs(), j, structured)) for j in range(body.n)]
-    streams = await start(ctx, jobs, spec_options(body))
     record = access_record(request)
+    salt = ctx.cache_salt(record.api_key_id, body.cache_salt)
+    jobs = [(ids, sampling(body, max_tokens, body.num_logprobs(), j, structured, salt)) for j in range(body.n)]
+    streams = await start(ctx, jobs, spec_options(body))
     rid, created = f"chatcmpl-{record.request_id}", int(time.time())  # vLLM's: the x-request-id in the id
 
     if body.stream:

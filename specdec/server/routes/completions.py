@@ -19,7 +19,7 @@ from specdec.server.submit import Job, check_request, prepare, requested_structu
 router = APIRouter()
 
 
-def _jobs(ctx: ServerContext, body: CompletionRequest, structured: StructuredOutput | None
+def _jobs(ctx: ServerContext, body: CompletionRequest, structured: StructuredOutput | None, salt: str | None
           ) -> tuple[list[Job], list[Sub]]:
     """Every (prompt, choice) pair as an engine job, in choice-index order."""
     prompts = body.prompts()
@@ -33,7 +33,7 @@ def _jobs(ctx: ServerContext, body: CompletionRequest, structured: StructuredOut
         ids, max_tokens = prepare(ctx, p, body.max_tokens, "prompt")
         text = p if isinstance(p, str) else tok.decode(ids)
         for j in range(body.n):
-            jobs.append((ids, sampling(body, max_tokens, body.logprobs, j, structured)))
+            jobs.append((ids, sampling(body, max_tokens, body.logprobs, j, structured, salt)))
             subs.append(Sub(i * body.n + j, i, len(ids), text))
     return jobs, subs
 
@@ -43,9 +43,10 @@ def _jobs(ctx: ServerContext, body: CompletionRequest, structured: StructuredOut
 async def completions(body: CompletionRequest, request: Request, ctx: ServerContext = Depends(context)):
     ctx.admit(body.model)
     check_request(ctx, body)
-    jobs, subs = _jobs(ctx, body, await requested_structure(ctx, body))
-    streams = await start(ctx, jobs, spec_options(body))
     record = access_record(request)
+    jobs, subs = _jobs(ctx, body, await requested_structure(ctx, body), ctx.cache_salt(record.api_key_id,
+                                                                                       body.cache_salt))
+    streams = await start(ctx, jobs, spec_options(body))
     rid, created = f"cmpl-{record.request_id}", int(time.time())  # vLLM's: the x-request-id in the id
     tok = ctx.ready_engine().tokenizer
 

@@ -54,9 +54,10 @@ class Drafts:
 
 
 class SharedCache(Protocol):
-    """State an engine's proposers share across requests (kept by the draft set, so it outlives any
-    one proposer, e.g. a draft model's unload). Every finished request's output is added to it."""
-    def add(self, request_id: str, tokens: list[int]) -> None: ...
+    """State an engine's proposers share across requests of one cache scope (kept by the draft set,
+    so it outlives any one proposer, e.g. a draft model's unload). Every finished request's output is
+    offered to it with the request's scope."""
+    def add(self, request_id: str, tokens: list[int], scope: str = "") -> None: ...
     def clear(self) -> None: ...
     def stats(self) -> CacheStats: ...
 

@@ -178,7 +178,7 @@ class DraftModelProposer:
         the prefix-cache blocks that hold them."""
         if req.request_id in self.kv.block_tables:
             return self.kv.num_slots[req.request_id], []
-        cached = self.kv.find_cached_prefix(req.all_token_ids)
+        cached = self.kv.find_cached_prefix(req.all_token_ids, req.params.cache_scope)
         return len(cached) * self.kv.block_size, cached
 
     def catch_up_tokens(self, request: Request) -> int:
@@ -190,7 +190,8 @@ class DraftModelProposer:
         if num_drafted and rid in self.kv.num_slots:
             self.kv.rollback(rid, num_drafted - 1 - min(num_accepted, num_drafted - 1))
         if rid in self.kv.num_slots and not request.finished:
-            self.kv.commit(rid, request.all_token_ids)  # every slot left holds a committed token
+            # every slot left holds a committed token
+            self.kv.commit(rid, request.all_token_ids, request.params.cache_scope)
 
     def free(self, request_id: str) -> None:
         self.kv.free(request_id)

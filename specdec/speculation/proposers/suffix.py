@@ -1,6 +1,6 @@
 """SuffixProposer (SuffixDecoding): drafts from what followed the longest match of the request's
 latest tokens, in its own prompt and output so far and in the outputs of earlier requests (the
-engine's shared SuffixCache), whichever predicts more. No model: the drafts cost a lookup.
+engine's suffix cache, within the request's cache scope), whichever predicts more. No model: the drafts cost a lookup.
 
 How many tokens it drafts follows the evidence: the lookup stops where the continuation's estimated
 probability falls below `suffix.min_prob` or past `suffix.spec_factor` times the match length; of
@@ -20,7 +20,8 @@ from specdec.request import Request
 from specdec.speculation.proposers.base import BuildContext, DraftProposal, Drafts
 from specdec.speculation.costs import CostEstimate, step_costs
 from specdec.speculation.policy import SUFFIX_CALIBRATION, DiscountedRate, best_k
-from specdec.speculation.proposers.suffix_cache import DraftLimits, SuffixCache, SuffixDraft, SuffixIndex
+from specdec.speculation.proposers.suffix_cache import DraftLimits, SuffixDraft, SuffixIndex
+from specdec.speculation.proposers.suffix_scopes import ScopedSuffixCache
 
 # calibration by match length (1, 2-3, 4-7, 8-15, 16+ tokens): the ratio of accepted drafts to their
 # estimated probabilities assumed before any is verified
@@ -31,13 +32,14 @@ def _bucket(match_length: int) -> int:
     return min(len(_PRIOR_RATIO) - 1, max(match_length, 1).bit_length() - 1)
 
 
-def shared_cache(ctx: BuildContext) -> SuffixCache:
+def shared_cache(ctx: BuildContext) -> ScopedSuffixCache:
     """The engine's suffix cache (made on first use; the draft set keeps it)."""
     spec = ctx.config.speculative
     assert spec is not None
-    cache = ctx.shared.get(SuffixCache.name)
-    if not isinstance(cache, SuffixCache):
-        cache = ctx.shared[SuffixCache.name] = SuffixCache(spec.suffix.cache_tokens)
+    cache = ctx.shared.get(ScopedSuffixCache.name)
+    if not isinstance(cache, ScopedSuffixCache):
+        cache = ctx.shared[ScopedSuffixCache.name] = ScopedSuffixCache(spec.suffix.cache_tokens,
+                                                                        spec.suffix.max_scopes)
     return cache
 
 
@@ -62,7 +64,7 @@ class SuffixProposer:
     kind = "suffix"
     name = "suffix"
 
-    def __init__(self, cache: SuffixCache, spec: SpeculativeConfig, verify: CostEstimate | None = None) -> None:
+    def __init__(self, cache: ScopedSuffixCache, spec: SpeculativeConfig, verify: CostEstimate | None = None) -> None:
         self.cache, self.verify = cache, verify
         self.limits = limits_of(spec)
         self.static_slope, self.min_gain = spec.controller.verify_cost_slope, spec.controller.min_gain
@@ -93,7 +95,7 @@ class SuffixProposer:
         # only committed tokens join the index: `tokens` may end with drafts fixed earlier in the step
         local.index.extend(0, tokens[seen: req.num_computed_tokens + 1])
         own = local.index.draft(tokens, k, self.limits)
-        other = self.cache.draft(tokens, k, self.limits)
+        other = self.cache.draft(tokens, k, self.limits, req.params.cache_scope)
         return own if own.score >= other.score else other
 
     def acceptance(self, draft: SuffixDraft) -> list[float]:

@@ -9,7 +9,8 @@ agreeing, its probability the fraction that agrees, stopping when the running pr
 little, a long one a lot).
 
 `SuffixIndex` holds a request's own prompt and output; `SuffixCache` holds finished requests'
-outputs for every request of an engine, within a token budget (oldest sequences evicted first).
+outputs for the requests of one cache scope, within a token budget (oldest sequences evicted first;
+suffix_scopes.py keeps one per scope).
 """
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ def _match_length(seq: list[int], end: int, context: list[int], max_depth: int) 
 
 
 class SuffixCache:
-    """Outputs of finished requests, shared by every request of one engine, within `max_tokens`
+    """Outputs of finished requests, shared by the requests of one cache scope, within `max_tokens`
     (oldest first out). It holds token ids only; another request's text reaches a request solely
     as draft tokens that the target then verifies."""
 
@@ -182,6 +183,10 @@ class SuffixCache:
 
     def clear(self) -> None:
         self.__init__(self.max_tokens)
+
+    def outputs(self) -> list[list[int]]:
+        """The cached outputs, oldest first."""
+        return [self.index.seqs[i] for i in self._ids.values()]
 
     def stats(self) -> CacheStats:
         index = self.index

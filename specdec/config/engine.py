@@ -1,0 +1,16 @@
+"""EngineConfig: everything one engine is built from."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.config.model import CacheConfig, ModelConfig, SchedulerConfig, StructuredConfig
+from specdec.config.speculative import SpeculativeConfig
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig | None = None  # None: plain decoding
+    structured: StructuredConfig = field(default_factory=StructuredConfig)  # bounds on grammar work
