@@ -60,7 +60,8 @@ class OutputProcessor:
             request_id=rid, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
             token_ids=list(req.output_token_ids), text=text[: max(start, visible)], finished=req.finished,
             finish_reason=req.status.value if req.finished else None, stats=stats,
-            logprobs=list(req.logprobs) if req.params.logprobs is not None else None, delta_text=delta)
+            logprobs=list(req.logprobs) if req.params.logprobs is not None else None, delta_text=delta,
+            error=req.grammar.error if req.finished and req.grammar is not None else None)
 
 
 def stop_prefix_len(text: str, stops: list[str]) -> int:

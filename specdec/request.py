@@ -167,3 +167,4 @@ class RequestOutput:
     stats: RequestStats
     logprobs: list[dict[int, float]] | None = None
     delta_text: str = ""        # streaming: text new since the previous output
+    error: str | None = None    # set when the engine ended it early: the structured-output bound it hit

@@ -152,9 +152,11 @@ def test_a_bound_hit_mid_generation_ends_only_that_request(tiny_qwen):
     bounded = engine.add_request("hello", SamplingParams(max_tokens=40, temperature=0.0,
                                                          structured=StructuredOutput("json_schema", _props(30))))
     neighbour = engine.add_request("hello there", plain)
+    outs = {}
     while engine.has_unfinished():
-        engine.step()
+        outs.update({o.request_id: o for o in engine.step()})
     assert bounded.grammar.error is not None and "structured_outputs.max_items_in_row=50" in bounded.grammar.error
+    assert outs[bounded.request_id].error == bounded.grammar.error and outs[neighbour.request_id].error is None
     assert bounded.status.value == "stop" and len(bounded.output_token_ids) < 40
     assert bounded.output_token_ids[-1] in engine.tokenizer.eos_token_ids
     assert neighbour.output_token_ids == alone.output_token_ids
@@ -217,8 +219,9 @@ def test_hostile_constraints_are_answered_and_the_server_keeps_serving(server):
         status, r = _chat(server, **body)
         answers[name] = (status, round(time.perf_counter() - t0, 2))
         assert status in (200, 400), (name, r)
-        if status == 400:
-            assert r["error"]["param"] in body and r["error"]["message"], (name, r)
+        if status == 400:   # refused up front (param: the field), or a bound hit while generating
+            err = r["error"]
+            assert err["param"] in body or err["message"].startswith("structured output: exceeds "), (name, r)
         else:
             assert r["choices"][0]["finish_reason"] in ("stop", "length"), (name, r)
         assert answers[name][1] < HANG_GUARD_S, (name, answers[name])
@@ -248,3 +251,18 @@ def test_tiny_limits_make_an_ordinary_schema_a_400_naming_the_bound(tiny_qwen):
             assert r.status_code == 200, r.text
     finally:
         engine.shutdown()
+
+
+def test_a_stream_over_a_bound_ends_with_the_error_event_and_done(server):
+    """A bound hit while generating: the stream says so (no cut-off JSON), then [DONE]."""
+    import json
+    import urllib.request
+    body = {"model": server.model, "messages": [{"role": "user", "content": "go"}], "max_tokens": 16,
+            "stream": True, "guided_json": _props(5000)}
+    req = urllib.request.Request(server.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        events = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "structured_output_bound" and "structured_outputs.max_items_in_row" in error["message"]

@@ -205,7 +205,9 @@ class AsyncEngine:
                     self._fail_all(engine, RequestFailed(500, "internal error while generating"))
                     continue
             for out in outputs:
-                self._deliver(out.request_id, out)
+                # a grammar that hit a bound ended the request: its client gets the bound, not a cut-off text
+                self._deliver(out.request_id, out if out.error is None else RequestFailed(
+                    400, f"structured output: {out.error}", "structured_output_bound"))
                 if out.finished and self.on_finished is not None:
                     self.on_finished(out)
 
