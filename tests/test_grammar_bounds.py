@@ -70,7 +70,8 @@ HOSTILE = {   # name -> a request body's constraint
 
 @pytest.mark.parametrize("field,value", [("compile_timeout_s", 0), ("mask_timeout_ms", -1), ("mask_timeout_ms", "5"),
                                          ("max_items_in_row", 0), ("step_lexer_fuel", 1.5),
-                                         ("max_grammar_size", True), ("initial_lexer_fuel", -3)])
+                                         ("max_grammar_size", True), ("initial_lexer_fuel", -3),
+                                         ("max_concurrent_compiles", 0)])
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"structured_outputs.{field}"):
         StructuredConfig(**{field: value})
@@ -120,6 +121,24 @@ def test_a_slow_compile_is_refused_at_its_timeout_and_others_go_on(tokenizer):
     compiler.compile(StructuredOutput("regex", "[a-z]{3}"))
     with pytest.raises(ValueError, match="compile_timeout_s"):
         compiler.compile(slow)
+
+
+def test_compiles_running_at_once_are_bounded(tokenizer):
+    """A compile refused at its timeout still runs (it cannot be stopped) and still counts: with
+    max_concurrent_compiles=1 a new grammar is refused as busy until it ends; a compiled one is not."""
+    from specdec.sample.structured import GrammarBusy
+    compiler = GrammarCompiler(tokenizer, StructuredConfig(compile_timeout_s=0.5, max_concurrent_compiles=1))
+    ready = StructuredOutput("regex", "[a-z]{3}")
+    compiler.compile(ready)
+    with pytest.raises(ValueError, match="compile_timeout_s"):
+        compiler.compile(StructuredOutput("grammar", _lark_chain(20_000)))
+    with pytest.raises(GrammarBusy, match="max_concurrent_compiles=1"):
+        compiler.compile(StructuredOutput("regex", "[0-9]{3}"))
+    compiler.compile(ready)
+    deadline = time.perf_counter() + HANG_GUARD_S
+    while compiler._pending and time.perf_counter() < deadline:   # the slow one runs to its end
+        time.sleep(0.1)
+    compiler.compile(StructuredOutput("regex", "[0-9]{3}"))
 
 
 def test_the_mask_time_bound_refuses_at_compile_and_ends_a_request_mid_way(tokenizer):

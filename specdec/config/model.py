@@ -81,6 +81,7 @@ class StructuredConfig:
     naming the bound (a 400) or ends only its own request, and cannot stall the server."""
     compile_timeout_s: float = 10.0      # compiling and checking one grammar; longer: refused
     mask_timeout_ms: float = 500.0       # one token mask; longer: refused at compile, or ends its request
+    max_concurrent_compiles: int = 2     # grammars compiling at once (one more: 503, retry); a core each
     max_items_in_row: int = 2000         # Earley items in one parser row (ambiguity, wide alternations)
     initial_lexer_fuel: int = 1_000_000  # work building the lexer's regexes (about 50k per ms)
     step_lexer_fuel: int = 200_000       # lexer work in one token mask (about 14k per ms)
@@ -94,7 +95,7 @@ class StructuredConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"structured_outputs.{name} must be a number > 0, got {value!r}")
         for name in ("max_items_in_row", "initial_lexer_fuel", "step_lexer_fuel", "step_max_items",
-                     "max_lexer_states", "max_grammar_size"):
+                     "max_lexer_states", "max_grammar_size", "max_concurrent_compiles"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"structured_outputs.{name} must be an integer >= 1, got {value!r}")

@@ -12,7 +12,9 @@ among the tokens the grammar allows.
 Grammar work is bounded (StructuredConfig, YAML `structured_outputs`): every matcher gets llguidance's
 parser limits; a compile runs on its own thread with a large stack (llguidance recurses on deep
 grammars) and is refused past `compile_timeout_s`, or when its first mask is slower than
-`mask_timeout_ms`; the ValueError names the bound.
+`mask_timeout_ms`; the ValueError names the bound. At most `max_concurrent_compiles` run at once
+(a compile past its timeout still counts: it still uses a core), so a flood of slow grammars cannot
+starve the engine of CPU; one more is refused with GrammarBusy.
 """
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ _REFUSED_SIZE = 256    # grammars refused (invalid, over a bound): a resend is r
 # stack and kills the process; 512 MiB (address space, committed only as used) holds any 1 MiB body's
 _STACK_BYTES = 512 << 20
 _STACK_LOCK = threading.Lock()   # threading.stack_size is process-wide: set, start the thread, restore
+
+
+class GrammarBusy(RuntimeError):
+    """As many grammars as allowed are compiling (they may run on past their timeout): try later."""
 
 
 def run_on_big_stack(fn: Callable[[], Any], name: str = "specdec-grammar") -> Future:
@@ -107,6 +113,11 @@ class GrammarCompiler:
                 answer.set_exception(ValueError(self._refused[grammar]))
                 return answer
             job, new = self._pending.get(grammar), grammar not in self._pending
+            if new and len(self._pending) >= self.config.max_concurrent_compiles:
+                answer.set_exception(GrammarBusy(
+                    f"{len(self._pending)} grammars are compiling (structured_outputs.max_concurrent_compiles="
+                    f"{self.config.max_concurrent_compiles}); retry"))
+                return answer
             if new:
                 job = self._pending[grammar] = run_on_big_stack(lambda: self._build(grammar, structured.kind))
         if new:  # callbacks outside the lock: a job already done runs them here, and they take it

@@ -8,6 +8,7 @@ import asyncio
 
 from specdec.engine import QueueFull
 from specdec.request import SpecOptions
+from specdec.sample.structured import GrammarBusy
 from specdec.sampling_params import SamplingParams, StructuredOutput
 from specdec.server.async_engine import RequestStream
 from specdec.server.context import ServerContext
@@ -97,6 +98,8 @@ async def compile_structured(ctx: ServerContext, structured: StructuredOutput, p
         await asyncio.wrap_future(compiling)
     except ValueError as e:
         raise APIError(400, f"{param}: {e}", param) from None
+    except GrammarBusy as e:
+        raise APIError(503, str(e), code="grammar_busy", retry=True) from None
     return structured
 
 
