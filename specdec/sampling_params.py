@@ -5,6 +5,7 @@ request touches the engine.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -157,5 +158,6 @@ def _finite(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
+@functools.lru_cache(maxsize=4096)   # asked on every step (prefix hashes, the suffix cache): hash each salt once
 def cache_scope(salt: str | None) -> str:
     return "" if salt is None else hashlib.sha256(b"cache_salt\x00" + salt.encode("utf-8", "surrogatepass")).hexdigest()[:32]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import codecs
 import copy
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -238,7 +239,7 @@ class Tokenizer:
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """A digest of the vocabulary: token ids saved under one fingerprint mean the same text."""
         return hashlib.sha256("\x00".join(self.token_strings).encode("utf-8", "surrogatepass")).hexdigest()[:16]

@@ -142,7 +142,7 @@ async def check_auth(request: Request) -> None:
     ctx = context(request)
     if not ctx.key_ids:
         return
-    given = hashlib.sha256(request.headers.get("authorization", "").encode()).digest()
+    given = _header_digest(request)
     matched = None
     for digest, key_id in ctx.key_ids.items():   # every key compared: the time says nothing of which matched
         if hmac.compare_digest(given, digest):   # digests: equal length, so no length leak
@@ -150,6 +150,11 @@ async def check_auth(request: Request) -> None:
     if matched is None:
         raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key")
     access_record(request).api_key_id = matched
+
+
+def _header_digest(request: Request) -> bytes:
+    """sha256 of the Authorization header, compared with the configured keys' (ServerContext)."""
+    return hashlib.sha256(request.headers.get("authorization", "").encode()).digest()
 
 
 async def check_metrics_auth(request: Request) -> None:
@@ -164,6 +169,5 @@ async def check_admin(request: Request) -> None:
     ctx = context(request)
     if ctx.admin_auth is None:
         raise APIError(403, "admin endpoints are disabled: start the server with an API key (server.api_key)")
-    given = hashlib.sha256(request.headers.get("authorization", "").encode()).digest()
-    if not hmac.compare_digest(given, ctx.admin_auth):
+    if not hmac.compare_digest(_header_digest(request), ctx.admin_auth):
         raise APIError(401, "invalid or missing admin API key (Authorization: Bearer ...)", code="invalid_api_key")

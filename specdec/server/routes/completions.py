@@ -44,8 +44,8 @@ async def completions(body: CompletionRequest, request: Request, ctx: ServerCont
     ctx.admit(body.model)
     check_request(ctx, body)
     record = access_record(request)
-    jobs, subs = _jobs(ctx, body, await requested_structure(ctx, body), ctx.cache_salt(record.api_key_id,
-                                                                                       body.cache_salt))
+    salt = ctx.cache_salt(record.api_key_id, body.cache_salt)
+    jobs, subs = _jobs(ctx, body, await requested_structure(ctx, body), salt)
     streams = await start(ctx, jobs, spec_options(body))
     rid, created = f"cmpl-{record.request_id}", int(time.time())  # vLLM's: the x-request-id in the id
     tok = ctx.ready_engine().tokenizer

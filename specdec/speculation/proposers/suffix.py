@@ -1,6 +1,7 @@
 """SuffixProposer (SuffixDecoding): drafts from what followed the longest match of the request's
 latest tokens, in its own prompt and output so far and in the outputs of earlier requests (the
-engine's suffix cache, within the request's cache scope), whichever predicts more. No model: the drafts cost a lookup.
+engine's suffix cache, within the request's cache scope), whichever predicts more. No model: the
+drafts cost a lookup.
 
 How many tokens it drafts follows the evidence: the lookup stops where the continuation's estimated
 probability falls below `suffix.min_prob` or past `suffix.spec_factor` times the match length; of
