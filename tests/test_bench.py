@@ -127,6 +127,11 @@ def test_steps_bench_times_rows_per_model_and_precision(tmp_path, monkeypatch, c
         (m, p, n) for m in tiny for p in ("float32", "bfloat16") for n in (1, 3, 8)}
     assert all(0 < r["ms_min"] <= r["ms"] <= r["ms_max"] for r in report["results"])
     assert all(r["vs_first_row_count"] == 1.0 for r in report["results"] if r["rows"] == 1)
+    assert report["interleaved"] is True
+    for r in report["results"]:  # per-round ratios to the first precision (float32: exactly 1)
+        v = r["vs_first_precision"]
+        assert 0 < v["min"] <= v["median"] <= v["max"]
+        assert r["precision"] != "float32" or v["min"] == v["max"] == 1.0
     assert set(report["draft_cost_ratio"]) == {"float32", "bfloat16"}
     assert all(v["draft"] == "tiny-draft" and v["c"] > 0 for v in report["draft_cost_ratio"].values())
     assert png.stat().st_size > 1000

@@ -13,7 +13,7 @@ import torch
 
 from specdec.bench import bandwidth, llama_cpp_peer, peers, spec_bench
 from specdec.cli import main
-from specdec.quant.packed import QuantTensor
+from specdec.quant.packed import QuantLinear, QuantTensor
 
 FAKE_LLAMA_CPP = '''
 import os, sys
@@ -186,6 +186,25 @@ def test_ceiling_counts_the_weights_a_decode_step_reads(tiny_qwen):
     roof = bandwidth.ceiling(20.0, f32.weights, False, tiny_qwen)
     assert roof["ceiling_tokens_per_second"] == pytest.approx(20e9 / (full - embed))
     assert roof["gguf_ceiling_tokens_per_second"] == pytest.approx(20e9 / tiny_qwen.stat().st_size)
+
+
+def test_ceiling_counts_what_the_integer_kernels_read(tiny_kquant):
+    """On K-quant super-blocks the integer paths read int8 group scales and one float per 256 values,
+    not the float32 group scales; Q6_K's codes are 6-bit; under int4-a8 Q4_K's offsets are a byte of
+    minimum per group and one float per 256 values."""
+    from specdec.models.loader import load_model
+    a8 = load_model(str(tiny_kquant), "int4-a8", progress=False)
+    parts = [t for w in a8.weights.values() if isinstance(w, QuantLinear) for t in zip(w.parts, w.subs, w.mins)]
+    six = [t for t in parts if isinstance(t[0], QuantTensor) and t[0].bits == 6]
+    four = [t for t in parts if isinstance(t[0], QuantTensor) and t[0].bits == 4]
+    assert six and four and all(s is not None for _, s, _ in six + four)
+    p, s, m = six[0]
+    assert m is None and p.codes.numel() == p.rows * p.cols * 3 // 4
+    assert bandwidth._part_bytes(p, s, m) == p.codes.numel() + s.numel() + 4 * p.super_scale.numel()
+    p, s, m = four[0]
+    assert m is not None and m.dtype == torch.uint8 and m.shape == p.offset.shape
+    assert bandwidth._part_bytes(p, s, m) == (p.codes.numel() + s.numel() + m.numel()
+                                              + 4 * (p.super_scale.numel() + p.super_min.numel()))
 
 
 def test_measure_read_bandwidth_restores_threads():

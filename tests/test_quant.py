@@ -51,7 +51,8 @@ def test_blocks_decode_to_the_files_values_and_pack_round_trips(qtype):
     qt = QuantTensor.from_codes(c)
     assert torch.equal(qt.dequantize(), torch.from_numpy(ref))          # packing loses nothing
     assert torch.equal(qt.dequantize(torch.tensor([3, 0, 3])), torch.from_numpy(ref[[3, 0, 3]]))
-    assert qt.bits == (4 if qtype in (Q.Q4_0, Q.Q4_1, Q.Q4_K) else 8)
+    assert qt.bits == (4 if qtype in (Q.Q4_0, Q.Q4_1, Q.Q4_K) else 6 if qtype == Q.Q6_K else 8)
+    assert qt.codes.shape == (ROWS, COLS * qt.bits // 8)  # Q6_K at the file's width
 
 
 def _layers():
@@ -129,7 +130,7 @@ def test_many_rows_pass_over_the_weights_in_blocks_with_the_same_results(name, a
     t = LAYERS[name]
     big = lambda a: None if a is None else a.repeat(30, 4)  # noqa: E731 (720 features x 2,048: 6 chunks, 3 slices)
     lin = QuantLinear([QuantTensor(t.bits, t.group, big(t.codes), big(t.scale), big(t.offset), 4 * t.cols,
-                                   big(t.super_scale))], act)
+                                   big(t.super_scale), big(t.super_min))], act)
     x = torch.randn(300, 4 * COLS, generator=torch.Generator().manual_seed(5))
     y = lin(x)
     for rows in (slice(0, 1), slice(127, 129), slice(130, 139), slice(250, 300), slice(3, 261), slice(10, 15),
@@ -156,7 +157,7 @@ def test_vnni_and_avx2_paths_are_bitwise_equal(name, act, avx2_then_best):
     t = LAYERS[name]
     big = lambda a: None if a is None else a.repeat(10, 4)  # noqa: E731 (240 features x 2,048)
     lin = QuantLinear([QuantTensor(t.bits, t.group, big(t.codes), big(t.scale), big(t.offset), 4 * t.cols,
-                                   big(t.super_scale))], act)
+                                   big(t.super_scale), big(t.super_min))], act)
     g = torch.Generator().manual_seed(11)
     x = torch.randn(70, 4 * COLS, generator=g)
     x[::7] = torch.sign(torch.randn(10, 4 * COLS, generator=g)) * 1e3  # every value at +-max: |xq| = 127
@@ -269,14 +270,23 @@ def test_k_quant_scales_are_integers_times_one_scale_per_super_block():
         if qt.super_scale is None:
             continue
         sub = qt.sub_scales()
-        assert sub.dtype == torch.int16 and sub.abs().max() <= 128
+        assert sub.dtype == torch.int8  # a byte per group, as the file holds them
         d = qt.super_scale.repeat_interleave(256 // qt.group, dim=1)
         assert torch.equal(sub.float() * d, qt.scale)
+        if qt.super_min is not None:  # Q4_K: offsets are -super_min times the file's 6-bit minimums
+            m = qt.min_codes()
+            assert m.dtype == torch.uint8 and int(m.max()) <= 63
+            assert torch.equal(-(m.float() * qt.super_min.repeat_interleave(8, dim=1)), qt.offset)
     bad = LAYERS["Q4_K"]
     bad = QuantTensor(bad.bits, bad.group, bad.codes, bad.scale * 1.001, bad.offset, bad.cols, bad.super_scale)
-    with pytest.raises(ValueError, match="integer multiples"):
+    with pytest.raises(ValueError, match="multiples of the super-block scale"):
         QuantLinear([bad], act=8)
     QuantLinear([bad], act=0)  # weight-only int4 never needs the integer scales
+    q = LAYERS["Q4_K"]
+    bad = QuantTensor(q.bits, q.group, q.codes, q.scale, q.offset * 1.001, q.cols, q.super_scale, q.super_min)
+    with pytest.raises(ValueError, match="multiples of the super-block minimum"):
+        QuantLinear([bad], act=8)
+    QuantLinear([bad], act=16)  # int4-a16 keeps float offsets
 
 
 def test_int4_a16_refuses_integer_scales_that_would_overflow_its_int16_products():

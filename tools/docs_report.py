@@ -113,6 +113,16 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                                  "outside the target forward and its peak memory, before and after the flat verifier"),
     "bench-step-values-xeon": ("2026-12-02", "xeon", "greedy token ids and speed of the shipped prompts before and "
                                "after the step as values, every precision (a one-off script)"),
+    "bench-steps-a8-zen4": ("2026-12-02", "zen4", "forward cost by new rows, the real file, timed interleaved: "
+                            "llama.cpp, int4-a8 with Q6_K at 6 bits and integer minimums, int4-a16"),
+    "kld-zen4": ("2026-12-02", "zen4", "each mode against float32 with Q6_K at 6 bits and Q4_K's integer "
+                 "minimums; the second half of each chunk scored"),
+    "bench-peers-zen4": ("2026-12-02", "zen4", "int4-a8 (auto) beside llama.cpp and OpenVINO GenAI, their "
+                         "speculation included, on three sets"),
+    "bench-peers-code-gen-192-zen4": ("2026-12-02", "zen4", "192-token code answers: the draft model and suffix "
+                                      "beside llama.cpp, its lookup and OpenVINO's draft-model speculation"),
+    "bench-peers-code-edit-256-zen4": ("2026-12-02", "zen4", "256-token code edits: suffix and n-gram beside "
+                                       "llama.cpp, its lookup and OpenVINO's prompt lookup"),
 }
 ARM_LABELS = {
     "plain": "plain", "draft_fixed": "draft, fixed k", "draft_cost_model": "draft, cost model",
@@ -521,13 +531,20 @@ def view_affinity(data: dict) -> str:
 
 
 def view_steps(data: dict) -> str:
-    """ms per forward (median) by new rows, per model and dtype; the draft's cost ratio c."""
+    """ms per forward (median) by new rows, per model and dtype, and in an interleaved run each one's
+    ratio to the first dtype listed (median, min-max over rounds); the draft's cost ratio c."""
     counts = sorted({r["rows"] for r in data["results"]})
-    cells: dict[tuple[str, str], dict[int, float]] = {}
+    first = data["results"][0]["precision"]
+    cells: dict[tuple[str, str], dict[int, str]] = {}
     for r in data["results"]:
-        cells.setdefault((r["model"], r["precision"]), {})[r["rows"]] = r["ms"]
-    rows = [[f"{m}, {p}"] + [num(by.get(n), 1) for n in counts] for (m, p), by in cells.items()]
+        v = r.get("vs_first_precision")
+        ratio = f" ({v['median']:.2f}× [{v['min']:.2f}–{v['max']:.2f}])" if v and r["precision"] != first else ""
+        cells.setdefault((r["model"], r["precision"]), {})[r["rows"]] = num(r["ms"], 1) + ratio
+    rows = [[f"{m}, {p}"] + [by.get(n, "—") for n in counts] for (m, p), by in cells.items()]
     text = table(["model, dtype"] + [f"{n} row{'s' if n > 1 else ''}" for n in counts], rows)
+    if data.get("interleaved"):
+        text += (f"\n\nms per forward, median of {data['repeats']} interleaved rounds; in brackets the per-round "
+                 f"ratio to {first}.")
     ratios = ", ".join(f"{p} {v['c']:.2f}" for p, v in data.get("draft_cost_ratio", {}).items())
     return text + (f"\n\nDraft cost ratio c (0.5B / 1.5B at one row): {ratios}." if ratios else "")
 

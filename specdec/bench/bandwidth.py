@@ -39,16 +39,27 @@ def measure_read_bandwidth(num_bytes: int = DEFAULT_BYTES, passes: int = 5, num_
 
 def _nbytes(w) -> int:
     if isinstance(w, QuantLinear):
-        return sum(p.nbytes() if isinstance(p, QuantTensor) else p.numel() * p.element_size() for p in w.parts)
+        return sum(_part_bytes(p, sub, mins) for p, sub, mins in zip(w.parts, w.subs, w.mins))
     if isinstance(w, torch.Tensor):
         return w.numel() * w.element_size()
     raise TypeError(f"unknown weight type {type(w).__name__}")
 
 
+def _part_bytes(p, sub, mins) -> int:
+    """What the kernel reads of one part: codes, offsets and either the float32 group scales or, on
+    K-quant super-blocks under integer activations, the integer group scales and one float per 256
+    (with int8 activations on Q4_K, its integer minimums and a float per 256 in place of the offsets)."""
+    if not isinstance(p, QuantTensor):
+        return p.numel() * p.element_size()
+    scales = (sub, p.super_scale) if sub is not None else (p.scale,)
+    offsets = (mins, p.super_min) if mins is not None else (p.offset,)
+    return sum(t.numel() * t.element_size() for t in (p.codes, *scales, *offsets) if t is not None)
+
+
 def weight_bytes_per_token(weights: dict, tie_embeddings: bool) -> int:
     """Bytes one decode step reads: every weight as the engine holds it for its precision (int4:
-    packed codes + scales + offsets). A separate embedding table is left out (a lookup reads one
-    row); a tied one is the output layer and read in full."""
+    packed codes + scales + offsets, as `_part_bytes` counts them). A separate embedding table is left
+    out (a lookup reads one row); a tied one is the output layer and read in full."""
     return sum(_nbytes(w) for name, w in weights.items() if tie_embeddings or name != "embed")
 
 

@@ -40,7 +40,7 @@ class _Recording(QuantLinear):
 
 
 def _qtype(p: QuantTensor) -> str:
-    return {(4, 32, True): "Q4_K", (8, 16, True): "Q6_K", (8, 32, True): "Q5_K", (4, 32, False): "Q4_0/Q4_1",
+    return {(4, 32, True): "Q4_K", (6, 16, True): "Q6_K", (8, 32, True): "Q5_K", (4, 32, False): "Q4_0/Q4_1",
             (8, 32, False): "Q5_0/Q8_0"}.get((p.bits, p.group, p.super_scale is not None), f"{p.bits}/{p.group}")
 
 

@@ -5,9 +5,11 @@ runs where the model files are not, such as a GPU machine; the integer CPU modes
 int4-a8) pack a real file's blocks, so they load the registry model. For each model and precision: a forward
 of n new rows of one sequence after a context of `--context` tokens, logits at every row included,
 through the engine's own ModelRunner (1 row: a decode step; k + 1: verifying k drafts; more: a
-prefill chunk); median with min-max of `--repeats` runs. Reports milliseconds, the verification
-ratio t(n) / t(1), and c = t_draft(1) / t_target(1) for each draft / target pair: the numbers the
-cost-model controller learns. JSON and a PNG.
+prefill chunk); median with min-max of `--repeats` rounds, every setting loaded at once and timed
+interleaved within each round (`time_settings`). Reports milliseconds, the verification ratio
+t(n) / t(1), each setting's per-round ratio to the first precision listed, and
+c = t_draft(1) / t_target(1) for each draft / target pair: the numbers the cost-model controller
+learns. JSON and a PNG.
 """
 from __future__ import annotations
 
@@ -72,82 +74,106 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_rows(cfg: LlamaConfig, weights: dict, device: torch.device, rows: list[int], context: int,
-              repeats: int) -> dict[int, list[float]]:
-    """Seconds of each forward of n new rows after `context` tokens, per n (interleaved over repeats)."""
-    block_size = 16
-    blocks = -(-(context + max(rows)) // block_size)
-    model = LlamaModel(cfg, weights, context + max(rows) + 1, device)
-    runner = ModelRunner(model, blocks, block_size, device)
-    table = list(range(blocks))
-    g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, cfg.vocab_size, (context + max(rows),), generator=g).tolist()
-    step = 256  # the context in prefill chunks, as the scheduler would
-    for start in range(0, context, step):
-        chunk = tokens[start:min(start + step, context)]
-        runner.execute(SchedulerOutput([ScheduledChunk("ctx", chunk, start, table, 1)], len(chunk)))
-    times: dict[int, list[float]] = {n: [] for n in rows}
-    for r in range(repeats + 1):  # the first round warms up (kernel choice, allocator)
-        for n in rows:
-            sched = SchedulerOutput([ScheduledChunk("ctx", tokens[context:context + n], context, table, n)], n)
-            _sync(device)
-            t0 = time.perf_counter()
-            runner.execute(sched)
-            _sync(device)
-            if r:
-                times[n].append(time.perf_counter() - t0)
-    del runner, model
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return times
+class EngineRows:
+    """Forwards of n new rows of one sequence after `context` tokens, through the engine's ModelRunner."""
+
+    def __init__(self, cfg: LlamaConfig, weights: dict, device: torch.device, rows: list[int], context: int) -> None:
+        block_size = 16
+        blocks = -(-(context + max(rows)) // block_size)
+        self.device, self.context = device, context
+        self.runner = ModelRunner(LlamaModel(cfg, weights, context + max(rows) + 1, device), blocks, block_size,
+                                  device)
+        self.table = list(range(blocks))
+        self.tokens = _tokens(cfg.vocab_size, context + max(rows))
+        step = 256  # the context in prefill chunks, as the scheduler would
+        for start in range(0, context, step):
+            chunk = self.tokens[start:min(start + step, context)]
+            self.runner.execute(SchedulerOutput([ScheduledChunk("ctx", chunk, start, self.table, 1)], len(chunk)))
+
+    def seconds(self, n: int) -> float:
+        sched = SchedulerOutput([ScheduledChunk("ctx", self.tokens[self.context:self.context + n], self.context,
+                                                self.table, n)], n)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        self.runner.execute(sched)
+        _sync(self.device)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        del self.runner
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
-def time_rows_llama_cpp(name: str, rows: list[int], context: int, repeats: int) -> dict[int, list[float]]:
-    """`time_rows` through llama.cpp on the registry model's own file: the same token ids, the same
-    order of row counts, logits at every new row (as a verification needs)."""
-    from specdec.bench.llama_cpp_peer import LlamaCppPeer, is_installed
-    from specdec.models.loader import resolve
-    if not is_installed():
-        raise ValueError("steps: the llama.cpp peer is not installed (specdec bench --peers llama.cpp --install-peers)")
-    g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, SHAPES[name].vocab_size, (context + max(rows),), generator=g).tolist()
-    peer = LlamaCppPeer(PEER, resolve(name)[1], torch.get_num_threads(), context + max(rows) + 1, logits_all=True)
-    try:
-        times: dict[int, list[float]] = {n: [] for n in rows}
-        for r in range(repeats + 1):
+class LlamaCppRows:
+    """`EngineRows` through llama.cpp on the registry model's own file: the same token ids, logits at
+    every new row (as a verification needs)."""
+
+    def __init__(self, name: str, rows: list[int], context: int) -> None:
+        from specdec.bench.llama_cpp_peer import LlamaCppPeer, is_installed
+        from specdec.models.loader import resolve
+        if not is_installed():
+            raise ValueError("steps: the llama.cpp peer is not installed "
+                             "(specdec bench --peers llama.cpp --install-peers)")
+        self.context, self.tokens = context, _tokens(SHAPES[name].vocab_size, context + max(rows))
+        self.peer = LlamaCppPeer(PEER, resolve(name)[1], torch.get_num_threads(), context + max(rows) + 1,
+                                 logits_all=True)
+
+    def seconds(self, n: int) -> float:
+        return self.peer.step(self.tokens[:self.context + n], self.context)
+
+    def close(self) -> None:
+        self.peer.close()
+
+
+def _tokens(vocab_size: int, n: int) -> list[int]:
+    return torch.randint(0, vocab_size, (n,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def _setting(name: str, precision: str, device: torch.device, rows: list[int], context: int):
+    if precision == PEER:
+        return LlamaCppRows(name, rows, context)
+    cfg, weights = _weights(name, precision, device)
+    return EngineRows(cfg, weights, device, rows, context)
+
+
+def time_settings(settings: dict, rows: list[int], repeats: int) -> dict:
+    """Seconds per (setting, n): every round runs each setting once at each row count, so the settings
+    share the machine's slow and fast moments (the first round warms up: kernel choice, allocator)."""
+    times = {key: {n: [] for n in rows} for key in settings}
+    from tqdm import tqdm
+    for r in tqdm(range(repeats + 1), desc="steps: rounds", unit="round", file=sys.stderr):
+        for key, setting in settings.items():
             for n in rows:
-                seconds = peer.step(tokens[:context + n], context)
+                seconds = setting.seconds(n)
                 if r:
-                    times[n].append(seconds)
-        return times
-    finally:
-        peer.close()
+                    times[key][n].append(seconds)
+    return times
 
 
 def run(models: list[str], precisions: list[str], device: str, rows: list[int], context: int, repeats: int,
         out: str, plot: str | None) -> dict:
+    """All (precision, model) settings are loaded at once and timed interleaved; each row count's
+    ratio to the first precision is taken per round (median with min-max)."""
     dev = torch.device(device)
     unknown = [m for m in models if m not in SHAPES]
     if unknown:
         raise ValueError(f"no shapes for {unknown}; known: {', '.join(SHAPES)}")
-    results = []
-    for precision in precisions:
-        for name in models:
-            print(f"steps: {name} {precision} on {device} ...", file=sys.stderr, flush=True)
-            if precision == PEER:
-                times = time_rows_llama_cpp(name, rows, context, repeats)
-            else:
-                cfg, weights = _weights(name, precision, dev)
-                times = time_rows(cfg, weights, dev, rows, context, repeats)
-                del weights
-            one = statistics.median(times[rows[0]])
-            for n in rows:
-                ms = [t * 1e3 for t in times[n]]
-                results.append({"model": name, "precision": precision, "rows": n, "ms": statistics.median(ms),
-                                "ms_min": min(ms), "ms_max": max(ms),
-                                "vs_first_row_count": statistics.median(times[n]) / one})
-                print(f"  {n:4d} rows: {results[-1]['ms']:9.2f} ms [{min(ms):.2f}-{max(ms):.2f}]  "
-                      f"{results[-1]['vs_first_row_count']:.2f}x", file=sys.stderr, flush=True)
+    settings = {}
+    try:
+        for precision in precisions:
+            for name in models:
+                print(f"steps: loading {name} {precision} on {device} ...", file=sys.stderr, flush=True)
+                settings[(precision, name)] = _setting(name, precision, dev, rows, context)
+        times = time_settings(settings, rows, repeats)
+    finally:
+        for setting in settings.values():
+            setting.close()
+    results = [_result(name, precision, n, times[(precision, name)], times[(precisions[0], name)], rows[0])
+               for precision in precisions for name in models for n in rows]
+    for r in results:
+        print(f"  {r['model']} {r['precision']} {r['rows']:4d} rows: {r['ms']:9.2f} ms [{r['ms_min']:.2f}-"
+              f"{r['ms_max']:.2f}]  {r['vs_first_row_count']:.2f}x one row", file=sys.stderr, flush=True)
     cost_ratios = {}
     for precision in precisions:
         by_model = {r["model"]: r["ms"] for r in results if r["precision"] == precision and r["rows"] == rows[0]}
@@ -157,11 +183,22 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
     report = {"device": device, "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "threads": torch.get_num_threads(), "context": context, "repeats": repeats,
               "weights": "the real files" if set(precisions) <= {*INT_MODES, PEER} else "random, real shapes",
-              "results": results, "draft_cost_ratio": cost_ratios}
+              "interleaved": True, "results": results, "draft_cost_ratio": cost_ratios}
     atomic_write_text(Path(out), json.dumps(report, indent=1))
     if plot:
         _plot(report, plot)
     return report
+
+
+def _result(name: str, precision: str, n: int, times: dict, first: dict, one_row: int) -> dict:
+    """One (model, precision, rows) cell: ms, the ratio to one row, and the per-round ratio to the first
+    precision's time at the same rows."""
+    ms = [t * 1e3 for t in times[n]]
+    vs_first = [a / b for a, b in zip(times[n], first[n])]
+    return {"model": name, "precision": precision, "rows": n, "ms": statistics.median(ms), "ms_min": min(ms),
+            "ms_max": max(ms), "vs_first_row_count": statistics.median(times[n]) / statistics.median(times[one_row]),
+            "vs_first_precision": {"median": statistics.median(vs_first), "min": min(vs_first),
+                                   "max": max(vs_first)}}
 
 
 def _plot(report: dict, path: str) -> None:

@@ -21,10 +21,11 @@ from specdec.config import (
 from specdec.sampling_params import SamplingParams
 from specdec.speculation import registry
 
-_AUTO = ("int4-a16 for a GGUF model on a CPU where the int4 kernel builds, else float32 (the exact oracle); "
+_AUTO = ("for a GGUF model on a CPU where the int4 kernel builds, the fastest mode its `specdec kld` verdict "
+         "allows (int4-a8 for the default target), int4-a16 where it has none; else float32 (the exact oracle); "
          "the mode chosen is printed")
-DRAFT_PRECISION_HELP = ("the draft model's precision (default: int4-a8 where auto picks int4-a16 for the target, "
-                        "else the target's; output is unchanged either way)")
+DRAFT_PRECISION_HELP = ("the draft model's precision (default: int4-a8 where auto picks an int4 mode for the "
+                        "target, else the target's; output is unchanged either way)")
 
 
 def add_model_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:

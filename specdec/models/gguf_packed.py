@@ -1,8 +1,9 @@
 """GGUF -> weight-only quantized model (precisions "int4", "int4-a16", "int4-a8"): every matrix stays in
 its file's blocks, carried into packed codes (`specdec.quant`); norms and biases are float32.
 
-Q4_K / Q4_0 / Q4_1 become int4 codes (32-value groups, scale and offset); Q5_0 / Q5_K / Q6_K / Q8_0
-become int8 codes (16- or 32-value groups); both decode to exactly the file's values. Other types
+Q4_K / Q4_0 / Q4_1 become int4 codes (32-value groups, scale and offset); Q6_K keeps its 6-bit codes
+(16-value groups, the file's bit layout); Q5_0 / Q5_K / Q8_0 become int8 codes (32-value groups); all
+decode to exactly the file's values. Other types
 (F16, Q2_K, ...) stay dense float32. The packed model is cached next to the dequantized ones
 (`weights-int4.safetensors`, written under a temporary name, then renamed).
 """
@@ -25,8 +26,9 @@ from specdec.quant.gguf_blocks import PACKABLE, decode
 from specdec.quant.packed import QuantLinear, QuantTensor
 
 CACHE_NAME = "weights-int4.safetensors"
-# bumped when what a packed cache holds changes; an older cache is packed again (2: K-quants' super_scale)
-PACK_FORMAT = "2"
+# bumped when what a packed cache holds changes; an older cache is packed again (2: K-quants' super_scale;
+# 3: Q6_K's codes at 6 bits, Q4_K's super_min)
+PACK_FORMAT = "3"
 _MATRICES = ("embed", "lm_head", "qkv", "o", "gate_up", "down")
 
 
@@ -47,7 +49,8 @@ def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]], act:
                 built.append(flat[key + "dense"])
             else:
                 built.append(QuantTensor(part["bits"], part["group"], flat[key + "codes"], flat[key + "scale"],
-                                         flat.get(key + "offset"), part["cols"], flat.get(key + "super_scale")))
+                                         flat.get(key + "offset"), part["cols"], flat.get(key + "super_scale"),
+                                         flat.get(key + "super_min")))
         weights[name] = QuantLinear(built, act)
     return weights
 
@@ -93,6 +96,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, pro
                     c.q, c.scale = _unpermute(c.q, heads), _unpermute(c.scale, heads)
                     c.offset = None if c.offset is None else _unpermute(c.offset, heads)
                     c.super_scale = None if c.super_scale is None else _unpermute(c.super_scale, heads)
+                    c.super_min = None if c.super_min is None else _unpermute(c.super_min, heads)
                 qt = QuantTensor.from_codes(c)
                 for k, v in qt.tensors().items():
                     flat[key + k] = v

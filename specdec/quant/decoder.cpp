@@ -19,7 +19,7 @@ int linear(const Linear& l, const float* x, int64_t rows, int64_t k, float* y, i
         int rc = part.dense
                      ? dense_linear(x, rows, k, part.dense, part.n, y + col, l.n, threads)
                      : qlinear(x, rows, k, part.bits, part.group, part.codes, part.scale, part.offset, part.n,
-                               y + col, l.n, threads, part.act, part.sub, part.dsup);
+                               y + col, l.n, threads, part.act, part.sub, part.dsup, part.mins, part.dmin);
         if (rc) return rc;
         col += part.n;
     }

@@ -15,7 +15,7 @@ from specdec.quant import kernel
 from specdec.quant.kernel import Dims, Layer, Linear, Part
 from specdec.quant.packed import QuantLinear, QuantTensor
 
-_SUPPORTED = {(4, 32), (8, 32), (8, 16)}  # (bits, group) the linear kernel runs
+_SUPPORTED = {(4, 32), (8, 32), (6, 16)}  # (bits, group) the linear kernel runs
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -61,12 +61,14 @@ class FusedDecoder:
         parts = _parts(weight)
         act = weight.act if isinstance(weight, QuantLinear) else 0
         arr = (Part * len(parts))()
-        for slot, (p, sub) in zip(arr, parts):
+        for slot, (p, sub, mins) in zip(arr, parts):
             if isinstance(p, QuantTensor):
                 slot.n, slot.bits, slot.group, slot.act = p.rows, p.bits, p.group, p.act_of(act)
                 slot.codes, slot.scale, slot.offset = p.codes.data_ptr(), p.scale.data_ptr(), _ptr(p.offset)
                 if sub is not None:
                     slot.sub, slot.dsup = sub.data_ptr(), p.super_scale.data_ptr()
+                if mins is not None:
+                    slot.mins, slot.dmin = mins.data_ptr(), p.super_min.data_ptr()
             else:
                 slot.n, slot.dense = p.shape[0], p.data_ptr()
         self._keep.append(arr)
@@ -106,7 +108,7 @@ def _supported(weight: object) -> bool:
     `QuantTensor.super_blocks`), dense float32 parts through `dense_linear` (k a multiple of 8)."""
     if not isinstance(weight, (QuantLinear, torch.Tensor)):
         return False
-    for p, sub in _parts(weight):
+    for p, sub, _ in _parts(weight):
         if isinstance(p, QuantTensor):
             if (p.bits, p.group) not in _SUPPORTED or p.cols % 32 or (sub is not None and p.cols % 256):
                 return False
@@ -115,8 +117,9 @@ def _supported(weight: object) -> bool:
     return True
 
 
-def _parts(weight: QuantLinear | torch.Tensor) -> list[tuple[QuantTensor | torch.Tensor, torch.Tensor | None]]:
-    """A linear layer's parts, each with its integer group scales (None where it has none)."""
+def _parts(weight: QuantLinear | torch.Tensor) -> list[tuple[QuantTensor | torch.Tensor, torch.Tensor | None,
+                                                            torch.Tensor | None]]:
+    """A linear layer's parts, each with its integer group scales and minimums (None where it has none)."""
     if isinstance(weight, QuantLinear):
-        return list(zip(weight.parts, weight.subs))
-    return [(weight, None)]
+        return list(zip(weight.parts, weight.subs, weight.mins))
+    return [(weight, None, None)]

@@ -2,7 +2,8 @@
 
 Each supported block type decodes exactly as w = scale * q + offset per group of 16 or 32 values (the
 same arithmetic as `gguf.quants`), so packing keeps every weight llama.cpp's file holds: the only
-difference from the float32 oracle is the order of the sums. Codes wider than 4 bits stay int8.
+difference from the float32 oracle is the order of the sums. Q6_K's codes are 6-bit (-32..31), the
+other codes wider than 4 bits are int8.
 """
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ from gguf import GGMLQuantizationType as Q
 
 @dataclass
 class Codes:
-    bits: int                 # 4: codes 0..15; 8: codes -128..127
+    bits: int                 # 4: codes 0..15; 6: codes -32..31 (Q6_K); 8: codes -128..127
     group: int                # values sharing one scale/offset
-    q: np.ndarray             # [rows, cols] uint8 (bits 4) or int8 (bits 8), in element order
+    q: np.ndarray             # [rows, cols] uint8 (bits 4) or int8 (bits 6, 8), in element order
     scale: np.ndarray         # [rows, cols // group] float32
     offset: np.ndarray | None  # [rows, cols // group] float32, or None (offset 0)
     # K-quants: scale == super_scale * an integer per group, one float32 per 256 values ([rows, cols // 256])
     super_scale: np.ndarray | None = None
+    # Q4_K: offset == -super_min * an integer per group (its 6-bit minimum), [rows, cols // 256]
+    super_min: np.ndarray | None = None
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -67,7 +70,7 @@ def _q4_k(b):
     sc, mn = _k_scale_min(b[:, 4:16])
     q = b[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
     q = (q & 0x0F).reshape(n * 8, 32)
-    return 4, 32, q, (d[:, None] * sc).reshape(-1), -(dmin[:, None] * mn).reshape(-1), d
+    return 4, 32, q, (d[:, None] * sc).reshape(-1), -(dmin[:, None] * mn).reshape(-1), d, dmin
 
 
 def _q5_k(b):
@@ -86,7 +89,7 @@ def _q6_k(b):
     low = (ql.reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
     high = (qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
     q = (low.reshape(n, 2, 4, 32) | (high << 4)).astype(np.int16) - 32
-    return 8, 16, q.reshape(n * 16, 16).astype(np.int8), (d[:, None] * scales.view(np.int8)).reshape(-1), None, d
+    return 6, 16, q.reshape(n * 16, 16).astype(np.int8), (d[:, None] * scales.view(np.int8)).reshape(-1), None, d
 
 
 _DECODERS = {Q.Q8_0: _q8_0, Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q5_0: _q5_0,
@@ -102,8 +105,8 @@ def decode(raw: np.ndarray, qtype: Q, rows: int, cols: int) -> Codes:
     if cols % per_block:
         raise ValueError(f"{qtype.name}: a row of {cols} values is not a whole number of blocks")
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, nbytes)
-    bits, group, q, scale, offset, *d = _DECODERS[qtype](blocks)
+    bits, group, q, scale, offset, *supers = _DECODERS[qtype](blocks)
     groups = cols // group
+    per_256 = [s.astype(np.float32).reshape(rows, cols // 256) for s in supers] + [None, None]
     return Codes(bits, group, q.reshape(rows, cols), scale.astype(np.float32).reshape(rows, groups),
-                 None if offset is None else offset.astype(np.float32).reshape(rows, groups),
-                 d[0].astype(np.float32).reshape(rows, cols // 256) if d else None)
+                 None if offset is None else offset.astype(np.float32).reshape(rows, groups), *per_256[:2])

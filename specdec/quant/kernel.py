@@ -37,7 +37,7 @@ _ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c
 
 class Part(ctypes.Structure):
     _fields_ = [("n", _i64), ("bits", _int), ("group", _int), ("act", _int), ("codes", _ptr), ("scale", _ptr),
-                ("offset", _ptr), ("dsup", _ptr), ("sub", _ptr), ("dense", _ptr)]
+                ("offset", _ptr), ("dsup", _ptr), ("sub", _ptr), ("mins", _ptr), ("dmin", _ptr), ("dense", _ptr)]
 
 
 class Linear(ctypes.Structure):
@@ -58,7 +58,8 @@ class Dims(ctypes.Structure):
 SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
     "qlinear": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("bits", _int), ("group", _int), ("codes", _ptr),
                        ("scale", _ptr), ("offset", _ptr), ("n", _i64), ("y", _ptr), ("ldy", _i64),
-                       ("threads", _int), ("act", _int), ("sub", _ptr), ("dsup", _ptr)]),
+                       ("threads", _int), ("act", _int), ("sub", _ptr), ("dsup", _ptr), ("mins", _ptr),
+                       ("dmin", _ptr)]),
     "kernel_isa": (_int, [("request", _int)]),
     "dense_linear": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("w", _ptr), ("n", _i64), ("y", _ptr),
                             ("ldy", _i64), ("threads", _int)]),
@@ -168,21 +169,27 @@ def unavailable_reason() -> str | None:
 
 def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: torch.Tensor,
             offset: torch.Tensor | None, out: torch.Tensor, act: int = 0,
-            sub: torch.Tensor | None = None, super_scale: torch.Tensor | None = None) -> None:
+            sub: torch.Tensor | None = None, super_scale: torch.Tensor | None = None,
+            mins: torch.Tensor | None = None, super_min: torch.Tensor | None = None) -> None:
     """out[:, :n] = x @ W.T for W given by (codes, scale, offset); x: [rows, k] float32 contiguous,
     out: [rows, >= n] float32 with unit column stride (a column slice of a wider output is fine).
     act 8: x is first quantized to int8 per 32 values and the dot products are integer (int4-a8);
-    with sub ([n, k / group] int16) and super_scale ([n, k / 256] float32), scale == super_scale * sub
+    with sub ([n, k / group] int8) and super_scale ([n, k / 256] float32), scale == super_scale * sub
     per 256 values (Q4_K, Q6_K) and x is quantized per 256 values: one integer sum per super-block.
+    With act 8 on Q4_K, mins ([n, k / 32] uint8) and super_min ([n, k / 256]): the offsets are
+    -super_min * mins, summed in integers over the rounded x.
     act 16: x quantized to int16 per 256 values, integer dot products (int4-a16; needs sub)."""
     lib = _lib()
     assert x.dtype == torch.float32 and x.is_contiguous() and out.stride(1) == 1
-    assert sub is None or (sub.dtype == torch.int16 and sub.is_contiguous() and super_scale is not None)
+    assert sub is None or (sub.dtype == torch.int8 and sub.is_contiguous() and super_scale is not None)
+    assert mins is None or (mins.dtype == torch.uint8 and mins.is_contiguous() and super_min is not None)
     rc = lib.qlinear(x.data_ptr(), x.shape[0], x.shape[1], bits, group, codes.data_ptr(), scale.data_ptr(),
                      offset.data_ptr() if offset is not None else None, codes.shape[0], out.data_ptr(),
                      out.stride(0), torch.get_num_threads(), act,
                      sub.data_ptr() if sub is not None else None,
-                     super_scale.data_ptr() if super_scale is not None else None)
+                     super_scale.data_ptr() if super_scale is not None else None,
+                     mins.data_ptr() if mins is not None else None,
+                     super_min.data_ptr() if super_min is not None else None)
     if rc != 0:
         raise ValueError(f"qlinear: unsupported layout bits={bits} group={group} k={x.shape[1]}")
 

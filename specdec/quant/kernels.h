@@ -14,7 +14,9 @@ struct Part {
     const float* scale;
     const float* offset;
     const float* dsup;
-    const int16_t* sub;
+    const int8_t* sub;
+    const uint8_t* mins;    // Q4_K under act 8: integer minimums (else null), with dmin per 256 values
+    const float* dmin;
     const float* dense;     // [n, k] float32, or null
 };
 
@@ -54,8 +56,8 @@ extern "C" {
 
 // qlinear.cpp: linear layers (each documented at its definition)
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes, const float* scale,
-            const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int16_t* sub,
-            const float* dsup);
+            const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int8_t* sub,
+            const float* dsup, const uint8_t* mins, const float* dmin);
 // The instruction set the integer-activation paths use: request KERNEL_ISA_AVX2 or KERNEL_ISA_VNNI (the
 // best the CPU has; the default), or -1 to ask. Returns the one in use.
 int kernel_isa(int request);

@@ -1,10 +1,11 @@
 """Packed weight-only quantized matrices and the linear layer that runs them.
 
-A `QuantTensor` is one GGUF matrix as integer codes (int4: two per byte; int8) with float32 scale and
-offset per group. A `QuantLinear` stacks parts along the output dimension, because a fused projection
-(q|k|v, gate|up) can mix block types (the 1.5B's attn_v is Q6_K, its attn_q Q4_K); each part writes
-its own columns of one output. Activations stay float32 (`act` 0, precision int4: weight-only), or are
-rounded for integer dot products:
+A `QuantTensor` is one GGUF matrix as integer codes (int4: two per byte; Q6_K's 6-bit codes at the
+file's width, see `pack6`; int8) with float32 scale and offset per group. A `QuantLinear` stacks
+parts along the output dimension, because a fused projection (q|k|v, gate|up) can mix block types
+(the 1.5B's attn_v is Q6_K, its attn_q Q4_K); each part writes its own columns of one output.
+Activations stay float32 (`act` 0, precision int4: weight-only), or are rounded for integer dot
+products:
 - `act` 8 (precision int4-a8, llama.cpp's scheme: the fastest on CPUs, and a further approximation of
   the float32 oracle): to int8 per 256 values for Q4_K and Q6_K matrices, whose group scales are
   integers times one float per 256 values (one exact integer sum per super-block), per 32 for the rest;
@@ -30,11 +31,12 @@ from specdec.quant.options import KernelOptions
 class QuantTensor:
     bits: int
     group: int
-    codes: torch.Tensor          # [rows, cols // 2] uint8 (bits 4) or [rows, cols] int8 (bits 8)
+    codes: torch.Tensor          # [rows, cols * bits // 8]: uint8 (bits 4, 6; see from_codes), int8 (bits 8)
     scale: torch.Tensor          # [rows, cols // group] float32
     offset: torch.Tensor | None  # same shape as scale, or None
     cols: int
     super_scale: torch.Tensor | None = None  # [rows, cols // 256] float32: K-quants' scale per 256 values
+    super_min: torch.Tensor | None = None    # [rows, cols // 256] float32: Q4_K's dmin (offset == -dmin * m)
 
     @property
     def rows(self) -> int:
@@ -46,22 +48,25 @@ class QuantTensor:
         if c.bits == 4:  # per 32-value group: byte i = element i (low nibble) | element 16 + i (high nibble)
             g = c.q.reshape(rows, cols // 32, 32).astype(np.uint8)
             packed = (g[:, :, :16] | (g[:, :, 16:] << 4)).reshape(rows, cols // 2)
+        elif c.bits == 6:
+            packed = pack6(c.q)
         else:
             packed = c.q.astype(np.int8)
         arr = lambda a: None if a is None else torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
-        return cls(c.bits, c.group, arr(packed), arr(c.scale), arr(c.offset), cols, arr(c.super_scale))
+        return cls(c.bits, c.group, arr(packed), arr(c.scale), arr(c.offset), cols, arr(c.super_scale),
+                   arr(c.super_min))
 
     @property
     def act8_block(self) -> int:
         """Values per int8 activation scale under int4-a8: 256 where the kernel sums whole K-quant
-        super-blocks in integers (Q4_K: int4 codes in groups of 32; Q6_K: int8 codes in groups of 16)."""
+        super-blocks in integers (Q4_K: int4 codes in groups of 32; Q6_K: 6-bit codes in groups of 16)."""
         return 256 if self.super_blocks else 32
 
     @property
     def super_blocks(self) -> bool:
         """Whether the group scales are integers times one float per 256 values in a layout the integer
-        kernels sum by super-block (Q4_K: int4 codes in groups of 32; Q6_K: int8 codes in groups of 16)."""
-        return self.super_scale is not None and (self.bits, self.group) in ((4, 32), (8, 16))
+        kernels sum by super-block (Q4_K: int4 codes in groups of 32; Q6_K: 6-bit codes in groups of 16)."""
+        return self.super_scale is not None and (self.bits, self.group) in ((4, 32), (6, 16))
 
     def act_of(self, act: int) -> int:
         """The activation rounding this part runs under a layer's `act`: int4-a16 rounds only on
@@ -69,18 +74,29 @@ class QuantTensor:
         return 0 if act == 16 and not self.super_blocks else act
 
     def sub_scales(self) -> torch.Tensor:
-        """[rows, cols // group] int16 s with scale == super_scale * s exactly (the block's integer scales)."""
+        """[rows, cols // group] int8 s with scale == super_scale * s exactly (the block's integer scales:
+        Q4_K's 6-bit, Q6_K's int8)."""
         d = self.super_scale.repeat_interleave(256 // self.group, dim=1)
         s = torch.where(d != 0, self.scale / torch.where(d != 0, d, 1), 0).round()
-        if not torch.equal(s * d, self.scale) or s.abs().max() > 255:
-            raise ValueError("group scales are not integer multiples of the super-block scale")
-        return s.to(torch.int16).contiguous()
+        if not torch.equal(s * d, self.scale) or s.min() < -128 or s.max() > 127:
+            raise ValueError("group scales are not int8 multiples of the super-block scale")
+        return s.to(torch.int8).contiguous()
+
+    def min_codes(self) -> torch.Tensor:
+        """[rows, cols // group] uint8 m with offset == -(super_min * m) exactly (Q4_K's 6-bit minimums)."""
+        dm = self.super_min.repeat_interleave(256 // self.group, dim=1)
+        m = torch.where(dm != 0, -self.offset / torch.where(dm != 0, dm, 1), 0).round()
+        if not torch.equal(-(dm * m), self.offset) or m.min() < 0 or m.max() > 255:
+            raise ValueError("offsets are not integer multiples of the super-block minimum")
+        return m.to(torch.uint8).contiguous()
 
     def int_codes(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """[n, cols] codes as int32 (for the fallback path and embedding lookups)."""
         c = self.codes[rows]
         if self.bits == 8:
             return c.to(torch.int32)
+        if self.bits == 6:
+            return unpack6(c, self.cols)
         g = c.view(-1, self.cols // 32, 16).to(torch.int32)
         return torch.cat([g & 0x0F, g >> 4], dim=-1).view(-1, self.cols)
 
@@ -96,8 +112,9 @@ class QuantTensor:
         out = {"codes": self.codes, "scale": self.scale}
         if self.offset is not None:
             out["offset"] = self.offset
-        if self.super_scale is not None:
-            out["super_scale"] = self.super_scale
+        for name in ("super_scale", "super_min"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
     def nbytes(self) -> int:
@@ -117,6 +134,9 @@ class QuantLinear:
         # integer activations on K-quant super-blocks: each part's integer group scales, or None
         self.subs = [_sub_scales(p, act) if act and isinstance(p, QuantTensor) and p.super_blocks else None
                      for p in parts]
+        # int8 activations on Q4_K: its offsets as the file's integer minimums (a byte per 32 weights read)
+        self.mins = [p.min_codes() if act == 8 and sub is not None and p.offset is not None and p.super_min is not None
+                     else None for p, sub in zip(parts, self.subs)]
         cols = {p.cols if isinstance(p, QuantTensor) else p.shape[1] for p in parts}
         assert len(cols) == 1, f"parts disagree on the input size: {cols}"
         self.in_features = cols.pop()
@@ -134,13 +154,14 @@ class QuantLinear:
         use_kernel = kernel.available()
         if not use_kernel:
             _warn_fallback()
-        for p, sub in zip(self.parts, self.subs):
+        for p, sub, mins in zip(self.parts, self.subs, self.mins):
             n = p.rows if isinstance(p, QuantTensor) else p.shape[0]
             if not isinstance(p, QuantTensor):
                 out[:, col:col + n] = linear(x, p, options=options)
             elif use_kernel:
                 kernel.qlinear(x, p.bits, p.group, p.codes, p.scale, p.offset, out[:, col:col + n],
-                               p.act_of(self.act), sub, p.super_scale if sub is not None else None)
+                               p.act_of(self.act), sub, p.super_scale if sub is not None else None,
+                               mins, p.super_min if mins is not None else None)
             else:
                 out[:, col:col + n] = _reference(x, p, p.act_of(self.act))
             col += n
@@ -154,7 +175,8 @@ class QuantLinear:
         if not isinstance(p, QuantTensor):
             return QuantLinear([p[ids].contiguous()], self.act)
         rows = lambda t: None if t is None else t[ids].contiguous()  # noqa: E731
-        sub = QuantTensor(p.bits, p.group, rows(p.codes), rows(p.scale), rows(p.offset), p.cols, rows(p.super_scale))
+        sub = QuantTensor(p.bits, p.group, rows(p.codes), rows(p.scale), rows(p.offset), p.cols, rows(p.super_scale),
+                          rows(p.super_min))
         return QuantLinear([sub], self.act)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -165,17 +187,40 @@ class QuantLinear:
         return p.dequantize(ids) if isinstance(p, QuantTensor) else p[ids].float()
 
 
+def pack6(q: np.ndarray) -> np.ndarray:
+    """[rows, cols] codes -32..31 -> [rows, cols * 3 // 4] uint8, llama.cpp's Q6_K bit layout per 128
+    values: 64 bytes of low nibbles (byte i: value i, high nibble value 64 + i), then 32 bytes of high
+    bit pairs (byte i: values i, 32 + i, 64 + i, 96 + i from bit 0 up). One 32-byte load of each gives 32
+    consecutive codes with two or three vector instructions (`codes6` in qlinear.h)."""
+    rows, cols = q.shape
+    u = (q.astype(np.int16) + 32).astype(np.uint8).reshape(rows, cols // 128, 128)
+    low = (u[..., :64] & 0x0F) | ((u[..., 64:] & 0x0F) << 4)
+    h = (u >> 4).reshape(rows, cols // 128, 4, 32)
+    high = h[:, :, 0] | (h[:, :, 1] << 2) | (h[:, :, 2] << 4) | (h[:, :, 3] << 6)
+    return np.concatenate([low, high], axis=-1).reshape(rows, cols * 3 // 4)
+
+
+def unpack6(codes: torch.Tensor, cols: int) -> torch.Tensor:
+    """`pack6`'s inverse: [n, cols * 3 // 4] uint8 -> [n, cols] int32 codes -32..31."""
+    b = codes.view(-1, cols // 128, 96).to(torch.int32)
+    low, high = b[..., :64], b[..., 64:]
+    u = torch.cat([low & 0x0F, low >> 4], dim=-1)
+    u = u | torch.cat([(high >> s) & 0x03 for s in (0, 2, 4, 6)], dim=-1) << 4
+    return (u - 32).view(-1, cols)
+
+
 ACT_BITS = (0, 8, 16)
 # int4-a16 multiplies int16 activations by code * integer scale as int16, and an int32 lane sums 32
 # (Q4_K) or 16 (Q6_K) such products before it goes to float (`tile_a16` in qlinear.cpp): these bound
 # the integer scales so that neither overflows (a real file's are 6-bit for Q4_K and int8 for Q6_K).
-_A16_MAX_SUB = {4: 63, 8: 128}
+_A16_MAX_SUB = {4: 63, 6: 128}
 
 
 def _sub_scales(p: QuantTensor, act: int) -> torch.Tensor:
     sub = p.sub_scales()
-    if act == 16 and sub.abs().max() > _A16_MAX_SUB[p.bits]:
-        raise ValueError(f"int4-a16: integer group scales up to {int(sub.abs().max())} would overflow the "
+    largest = int(sub.to(torch.int16).abs().max()) if sub.numel() else 0  # int8's abs(-128) would wrap
+    if act == 16 and largest > _A16_MAX_SUB[p.bits]:
+        raise ValueError(f"int4-a16: integer group scales up to {largest} would overflow the "
                          f"kernel's int16 products (at most {_A16_MAX_SUB[p.bits]} for {p.bits}-bit codes)")
     return sub
 

@@ -16,8 +16,8 @@ int& isa() {
 // The integer-activation layouts with AVX2 instructions.
 int qlinear_int_avx2(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
                      const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act,
-                     const int16_t* sub, const float* dsup) {
-    return run_int(x, rows, k, bits, group, codes, scale, offset, n, y, ldy, threads, act, sub, dsup);
+                     const int8_t* sub, const float* dsup, const uint8_t* mins, const float* dmin) {
+    return run_int(x, rows, k, bits, group, codes, scale, offset, n, y, ldy, threads, act, sub, dsup, mins, dmin);
 }
 
 }  // namespace
@@ -39,24 +39,26 @@ int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_
     return 0;
 }
 
-// x: [rows, k] float32 contiguous; codes: [n, k / 2] (bits 4) or [n, k] (bits 8); scale, offset: [n, k / G]
+// x: [rows, k] float32 contiguous; codes: [n, k * bits / 8] (bits 4, 6 or 8); scale, offset: [n, k / G]
 // float32 (offset may be null); y: rows of stride ldy, columns [0, n) written. Returns 0, or -1 on a
 // layout this build does not support.
 // act 8: activations quantized to int8 per 32 values (precision int4-a8), integer dot products;
-// with sub ([n, k / G] int16) and dsup ([n, k / 256]), scale = dsup * sub per super-block of 256 values
-// (Q4_K: bits 4, group 32; Q6_K: bits 8, group 16) and x is quantized per 256 values instead.
+// with sub ([n, k / G] int8) and dsup ([n, k / 256]), scale = dsup * sub per super-block of 256 values
+// (Q4_K: bits 4, group 32; Q6_K: bits 6, group 16) and x is quantized per 256 values instead.
+// With mins ([n, k / 32] uint8) and dmin ([n, k / 256]) under act 8, Q4_K's offsets are -dmin * mins per
+// super-block, summed in integers (offset is then not read).
 // act 16: activations quantized to int16 per 256 values (precision int4-a16); needs sub and dsup.
 // act 0: float32 activations (precision int4, weight-only).
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
             const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act,
-            const int16_t* sub, const float* dsup) {
+            const int8_t* sub, const float* dsup, const uint8_t* mins, const float* dmin) {
     if (k % 32 || (act != 0 && act != 8 && act != 16)) return -1;
     if (act == 16 && !sub) return -1;  // int16: K-quant super-blocks only (decoder.py / packed.py route the rest)
     if (act) return (isa() == KERNEL_ISA_VNNI ? qlinear_int_vnni : qlinear_int_avx2)(
-                   x, rows, k, bits, group, codes, scale, offset, n, y, ldy, threads, act, sub, dsup);
+                   x, rows, k, bits, group, codes, scale, offset, n, y, ldy, threads, act, sub, dsup, mins, dmin);
     if (bits == 4 && group == 32) run<4, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
     else if (bits == 8 && group == 32) run<8, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
-    else if (bits == 8 && group == 16) run<8, 16>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
+    else if (bits == 6 && group == 16 && k % 128 == 0) run<6, 16>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
     else return -1;
     return 0;
 }

@@ -44,6 +44,32 @@ std::unique_ptr<T[]> buffer(int64_t n) {
     return std::unique_ptr<T[]>(new T[n]);
 }
 
+inline __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
+
+// N (8 or 16) integer group scales, int8 as held (a byte per 16 or 32 weights read), widened to the
+// int16 the tiles multiply by: once per super-block (or span) and feature, whatever the rows.
+template <int N>
+inline void widen_scales(const int8_t* sub, int16_t* s) {
+    if constexpr (N == 8) _mm_store_si128((__m128i*)s, _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)sub)));
+    else _mm256_store_si256((__m256i*)s, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)sub)));
+}
+
+// Bytes of one row of codes: k values of BITS bits.
+template <int BITS>
+constexpr int64_t row_bytes(int64_t k) { return k * BITS / 8; }
+
+// 128 Q6_K codes (`pack6` in packed.py: 64 bytes of low nibbles, then 32 of high bit pairs) as four
+// vectors of 32 unsigned codes 0..63 in element order: the file's bits, three instructions a vector.
+inline void codes6(const uint8_t* p, __m256i* u) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    const __m256i lo0 = load256(p), lo1 = load256(p + 32), hi = load256(p + 64);
+    u[0] = _mm256_or_si256(_mm256_and_si256(lo0, m4), _mm256_and_si256(_mm256_slli_epi16(hi, 4), m2));
+    u[1] = _mm256_or_si256(_mm256_and_si256(lo1, m4), _mm256_and_si256(_mm256_slli_epi16(hi, 2), m2));
+    u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m4), _mm256_and_si256(hi, m2));
+    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(hi, 2), m2));
+}
+
 // Per-group sums of x, [rows, k / G].
 template <int G>
 std::unique_ptr<float[]> group_sums(const float* x, int64_t rows, int64_t k) {
@@ -80,12 +106,12 @@ inline int64_t row_block(int64_t k) {
 template <int BITS, int G, class Tile>
 void for_each_feature(int64_t n, int64_t rows, int64_t k, const void* codes, const float* scale,
                       const float* offset, int threads, Tile tile) {
-    const int64_t groups = k / G, row_bytes = BITS == 4 ? k / 2 : k, block = row_block(k);
+    const int64_t groups = k / G, bytes = row_bytes<BITS>(k), block = row_block(k);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         const int64_t r1 = r0 + block < rows ? r0 + block : rows;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, chunk_size(n, threads))
         for (int64_t j = 0; j < n; ++j) {
-            const uint8_t* c = (const uint8_t*)codes + j * row_bytes;
+            const uint8_t* c = (const uint8_t*)codes + j * bytes;
             const float* s = scale + j * groups;
             const float* o = offset ? offset + j * groups : nullptr;
             int64_t r = r0;
@@ -118,19 +144,37 @@ inline void decode8(const int8_t* p, __m256* w) {
 // One output feature j for a tile of MT rows. x: [rows, k] float32, xsum: [rows, k / G] per-group sums
 // of x (for the offsets). Per group: t = sum(q * x) as 8 lanes, acc += scale * t; then a fixed
 // horizontal sum, then the offsets' dot product in a fixed order.
+// BITS 6 (Q6_K, G 16) decodes 128 values at a time: g0 and g1 are multiples of 8 groups there.
 template <int BITS, int G, int MT>
 inline void accumulate(const float* x, int64_t k, const void* codes, const float* scale, int64_t g0, int64_t g1,
                        __m256* acc) {
-    for (int64_t g = g0; g < g1; ++g) {
-        __m256 w[G / 8];
-        if constexpr (BITS == 4) decode4((const uint8_t*)codes + g * (G / 2), w);
-        else decode8<G>((const int8_t*)codes + g * G, w);
+    const auto group = [&](const __m256* w, int64_t g) {
         const __m256 s = _mm256_broadcast_ss(scale + g);
         for (int r = 0; r < MT; ++r) {
             const float* xr = x + r * k + g * G;
             __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xr));
             for (int v = 1; v < G / 8; ++v) t = _mm256_fmadd_ps(w[v], _mm256_loadu_ps(xr + 8 * v), t);
             acc[r] = _mm256_fmadd_ps(s, t, acc[r]);
+        }
+    };
+    if constexpr (BITS == 6) {
+        for (int64_t g = g0; g < g1; g += 8) {
+            __m256i u[4];
+            codes6((const uint8_t*)codes + g / 8 * 96, u);
+            for (int h = 0; h < 8; ++h) {
+                const __m256i v = _mm256_sub_epi8(u[h / 2], _mm256_set1_epi8(32));
+                const __m128i q = h % 2 ? _mm256_extracti128_si256(v, 1) : _mm256_castsi256_si128(v);
+                const __m256 w[2] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                                     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))};
+                group(w, g + h);
+            }
+        }
+    } else {
+        for (int64_t g = g0; g < g1; ++g) {
+            __m256 w[G / 8];
+            if constexpr (BITS == 4) decode4((const uint8_t*)codes + g * (G / 2), w);
+            else decode8<G>((const int8_t*)codes + g * G, w);
+            group(w, g);
         }
     }
 }
@@ -163,7 +207,7 @@ void run_sliced(const float* x, int64_t rows, int64_t k, const void* codes, cons
     constexpr int64_t slice = 768 / G;  // groups per slice
     const int64_t fair = (n + 2 * threads - 1) / (2 * threads);  // small n: still a chunk for every thread
     const int64_t per = fair < 8 ? 8 : fair > 128 ? 128 : fair;
-    const int64_t groups = k / G, row_bytes = BITS == 4 ? k / 2 : k, chunks = (n + per - 1) / per;
+    const int64_t groups = k / G, bytes = row_bytes<BITS>(k), chunks = (n + per - 1) / per;
     for (int64_t r0 = 0; r0 + MT <= rows; r0 += MT) {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
         for (int64_t ch = 0; ch < chunks; ++ch) {
@@ -174,7 +218,7 @@ void run_sliced(const float* x, int64_t rows, int64_t k, const void* codes, cons
                 for (int64_t j = j0; j < j1; ++j) {
                     __m256 acc[MT];
                     for (int r = 0; r < MT; ++r) acc[r] = g0 ? _mm256_load_ps(buf[j - j0][r]) : _mm256_setzero_ps();
-                    accumulate<BITS, G, MT>(x + r0 * k, k, (const uint8_t*)codes + j * row_bytes, scale + j * groups,
+                    accumulate<BITS, G, MT>(x + r0 * k, k, (const uint8_t*)codes + j * bytes, scale + j * groups,
                                             g0, g1, acc);
                     if (g1 < groups) {
                         for (int r = 0; r < MT; ++r) _mm256_store_ps(buf[j - j0][r], acc[r]);
@@ -248,9 +292,7 @@ inline void tile_a8(const int8_t* xq, const float* sx, int64_t k, const float* x
     for (int64_t b = 0; b < blocks; ++b) {
         __m256i w = BITS == 4 ? codes4((const uint8_t*)codes + b * 16)
                               : _mm256_loadu_si256((const __m256i*)((const int8_t*)codes + b * 32));
-        // weight scale per lane: one group of 32, or two groups of 16 (lanes 0-3, 4-7)
-        __m256 ws = G == 32 ? _mm256_broadcast_ss(scale + b)
-                            : _mm256_set_m128(_mm_broadcast_ss(scale + 2 * b + 1), _mm_broadcast_ss(scale + 2 * b));
+        const __m256 ws = _mm256_broadcast_ss(scale + b);  // one group of 32 (Q6_K's groups of 16: tile_super)
         for (int r = 0; r < MT; ++r) {
             __m256i x = _mm256_loadu_si256((const __m256i*)(xq + r * k + b * 32));
             __m256 d = dot32(w, x, BITS == 8);
@@ -258,6 +300,24 @@ inline void tile_a8(const int8_t* xq, const float* sx, int64_t k, const float* x
         }
     }
     finish<MT>(acc, k / G, xsum, offset, y, ldy);
+}
+
+// max |x| over n values (a multiple of 8).
+inline float abs_max(const float* x, int n) {
+    __m256 amax = _mm256_setzero_ps();
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int i = 0; i < n; i += 8) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(x + i), abs));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
 }
 
 // Where value i of a block goes in the rounded x. PAIR64: each 64 values are stored as [group 2c elements
@@ -280,26 +340,33 @@ inline int x_position(int i, XOrder order) {
 // exact integer sum: the offsets (Q4_K's -dmin * m, Q4_0's -8d) then multiply the same x as the codes, so a
 // product is w . x_rounded (llama.cpp's bsums). With the unrounded sums instead, the rounding error was
 // weighted by the unsigned codes s * q, several times the centred weights (docs/cpu-kernels.md).
+// With isums ([rows, k / G] int16), each group's exact integer sum of the rounded values (for Q6_K's
+// unsigned codes, `unsigned6_correction`).
 template <int G>
 void quantize_rows(const float* x, int64_t rows, int64_t k, int block, XOrder order, int8_t* xq, float* dx,
-                   float* xsum) {
+                   float* xsum, int16_t* isums = nullptr) {
     const int64_t blocks = k / block;
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t b = 0; b < blocks; ++b) {
             const float* xb = x + r * k + b * block;
             int8_t* qb = xq + r * k + b * block;
-            float amax = 0.f;
-            for (int i = 0; i < block; ++i) amax = amax > __builtin_fabsf(xb[i]) ? amax : __builtin_fabsf(xb[i]);
-            const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+            const float d = abs_max(xb, block) / 127.f, id = d > 0.f ? 1.f / d : 0.f;
             dx[r * blocks + b] = d;
+            const __m256 vid = _mm256_set1_ps(id);
             for (int g = 0; g < block / G; ++g) {
-                int32_t isum = 0;
-                for (int i = g * G; i < (g + 1) * G; ++i) {
-                    const int8_t q = (int8_t)__builtin_nearbyintf(xb[i] * id);
-                    qb[x_position(i, order)] = q;
-                    isum += q;
+                __m256i sum = _mm256_setzero_si256();
+                // 16 values at a time: every XOrder moves runs of 16 whole (round to nearest even, as nearbyint)
+                for (int i = g * G; i < (g + 1) * G; i += 16) {
+                    const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), vid));
+                    const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), vid));
+                    sum = _mm256_add_epi32(sum, _mm256_add_epi32(a, c));
+                    const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, c), 0xD8);  // 16 int16 in order
+                    _mm_storeu_si128((__m128i*)(qb + x_position(i, order)),
+                                     _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
                 }
+                const int32_t isum = hsum_epi32(sum);
                 if (xsum) xsum[(r * k + b * block) / G + g] = d * (float)isum;
+                if (isums) isums[(r * k + b * block) / G + g] = (int16_t)isum;
             }
         }
 }
@@ -335,14 +402,24 @@ inline __m256i pair_scales(const int16_t* sub) {  // [sub[0] x 8 | sub[1] x 8] a
     return _mm256_shuffle_epi8(_mm256_set1_epi32(both), mask);
 }
 
-inline __m256i load256(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
-
 // Each row's exact int32 sums of one super-block (or part of one) into its float accumulator:
 // acc += (d * dx[r]) * float(sum), dx[r * supers] the row's activation scale.
 template <int MT>
 inline void flush(const __m256i* sum, float d, const float* dx, int64_t supers, __m256* acc) {
     for (int r = 0; r < MT; ++r)
         acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx[r * supers]), _mm256_cvtepi32_ps(sum[r]), acc[r]);
+}
+
+// Q6_K's codes go into the integer sums unsigned (0..63: vpmaddubsw / vpdpbusd take them as they are,
+// no sign moved onto x per row); the -32 comes back per super-block as 32 * sum_g sub[g] * isum[g], from
+// each group's integer sum of the rounded x (isums: [rows, k / 16]). Exact, and the same lanes in both builds.
+template <int MT>
+inline void unsigned6_correction(const int16_t* isums, int64_t k, int64_t sb, const int16_t* sub, __m256i* sum) {
+    const __m256i sc = load256(sub);
+    for (int r = 0; r < MT; ++r) {
+        const __m256i c = _mm256_madd_epi16(load256(isums + r * (k / 16) + sb * 16), sc);
+        sum[r] = _mm256_sub_epi32(sum[r], _mm256_slli_epi32(c, 5));
+    }
 }
 
 // The loop both super-block tiles share: per span of SPAN values, body(span, sum) adds each row's exact
@@ -381,13 +458,25 @@ inline __m512i quad_scales_even(const int16_t* sub) {  // 128-bit lane L: [sub[L
     return _mm512_shuffle_epi8(_mm512_set1_epi64(four), mask);
 }
 
+// 128 Q6_K codes as two vectors of 64 unsigned codes, in element order (`codes6` with 512-bit vectors).
+inline void codes6_512(const uint8_t* p, __m512i* u) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x30);
+    const __m512i lo = _mm512_loadu_si512(p);
+    const __m256i h = load256(p + 64);
+    const __m512i hi = _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 2), 1);
+    u[0] = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_slli_epi16(hi, 4), m2));
+    u[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m4), _mm512_and_si512(hi, m2));
+}
+
 template <int BITS, int MT>
-inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const void* codes,
-                       const int16_t* sub, const float* dsup, const float* offset, float* y, int64_t ldy) {
+inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const int16_t* isums,
+                       const void* codes, const int8_t* sub, const float* dsup, const float* offset, float* y,
+                       int64_t ldy) {
     constexpr int G = BITS == 4 ? 32 : 16;
     const __m512i m = _mm512_set1_epi8(0x0F);
     span_tile<MT, 256, G>(k, dx, dsup, xsum, offset, y, ldy, [&](int64_t sb, __m256i* sum) {
-        const int16_t* s = sub + sb * (256 / G);
+        alignas(32) int16_t s[256 / G];
+        widen_scales<256 / G>(sub + sb * (256 / G), s);
         __m512i z[MT];
         for (int r = 0; r < MT; ++r) z[r] = _mm512_setzero_si512();
         if constexpr (BITS == 4) {
@@ -405,35 +494,38 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
                 }
             }
         } else {
-            const int8_t* c = (const int8_t*)codes + sb * 256;
-            for (int q = 0; q < 4; ++q) {  // 64 values: groups 4q .. 4q + 3
-                const __m512i w = _mm512_loadu_si512(c + 64 * q);
-                const __m512i u = _mm512_abs_epi8(w);  // vpdpbusd: unsigned x signed, w's sign moves to x
-                const __mmask64 neg = _mm512_movepi8_mask(w);
-                const __m512i sc = quad_scales_even(s + 4 * q);
-                for (int r = 0; r < MT; ++r) {
-                    const __m512i x = _mm512_loadu_si512(xq + r * k + sb * 256 + 64 * q);
-                    const __m512i v = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-                    z[r] = _mm512_add_epi32(z[r], _mm512_madd_epi16(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, v),
-                                                                    sc));
+            const uint8_t* c = (const uint8_t*)codes + sb * 192;
+            for (int h = 0; h < 2; ++h) {  // 128 values: groups 8h .. 8h + 7
+                __m512i u[2];
+                codes6_512(c + 96 * h, u);
+                for (int q = 0; q < 2; ++q) {  // 64 values: groups 8h + 4q .. 8h + 4q + 3
+                    const __m512i sc = quad_scales_even(s + 8 * h + 4 * q);
+                    for (int r = 0; r < MT; ++r) {
+                        const __m512i x = _mm512_loadu_si512(xq + r * k + sb * 256 + 128 * h + 64 * q);
+                        z[r] = _mm512_add_epi32(z[r], _mm512_madd_epi16(
+                                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[q], x), sc));
+                    }
                 }
             }
         }
         for (int r = 0; r < MT; ++r)
             sum[r] = _mm256_add_epi32(_mm512_castsi512_si256(z[r]), _mm512_extracti64x4_epi64(z[r], 1));
+        if constexpr (BITS == 6) unsigned6_correction<MT>(isums, k, sb, s, sum);
     });
 }
 #else
 constexpr XOrder SUPER_X4 = XOrder::PAIR64;
 
-// BITS 4: G = 32, x in pair64 order; BITS 8: G = 16 (signed codes, element order).
+// BITS 4: G = 32, x in pair64 order; BITS 6: G = 16, element order.
 template <int BITS, int MT>
-inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const void* codes,
-                       const int16_t* sub, const float* dsup, const float* offset, float* y, int64_t ldy) {
+inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const int16_t* isums,
+                       const void* codes, const int8_t* sub, const float* dsup, const float* offset, float* y,
+                       int64_t ldy) {
     constexpr int G = BITS == 4 ? 32 : 16;
     const __m256i m = _mm256_set1_epi8(0x0F);
     span_tile<MT, 256, G>(k, dx, dsup, xsum, offset, y, ldy, [&](int64_t sb, __m256i* sum) {
-        const int16_t* s = sub + sb * (256 / G);
+        alignas(32) int16_t s[256 / G];
+        widen_scales<256 / G>(sub + sb * (256 / G), s);
         if constexpr (BITS == 4) {
             const uint8_t* c = (const uint8_t*)codes + sb * 128;
             for (int p = 0; p < 4; ++p) {  // 64 values: groups 2p and 2p + 1 of this super-block
@@ -448,16 +540,19 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
                 }
             }
         } else {
-            const int8_t* c = (const int8_t*)codes + sb * 256;
-            for (int p = 0; p < 8; ++p) {  // 32 values: groups 2p and 2p + 1
-                const __m256i w = load256(c + 32 * p);
-                const __m256i u = _mm256_sign_epi8(w, w);  // vpmaddubsw: unsigned x signed, w's sign moves to x
-                const __m256i sc = pair_scales(s + 2 * p);
-                for (int r = 0; r < MT; ++r) {
-                    const __m256i v = _mm256_sign_epi8(load256(xq + r * k + sb * 256 + 32 * p), w);
-                    sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), sc));
+            const uint8_t* c = (const uint8_t*)codes + sb * 192;
+            for (int h = 0; h < 2; ++h) {  // 128 values: groups 8h .. 8h + 7
+                __m256i u[4];
+                codes6(c + 96 * h, u);
+                for (int p = 0; p < 4; ++p) {  // 32 values: groups 8h + 2p and 8h + 2p + 1
+                    const __m256i sc = pair_scales(s + 8 * h + 2 * p);
+                    for (int r = 0; r < MT; ++r) {
+                        const __m256i x = load256(xq + r * k + sb * 256 + 128 * h + 32 * p);
+                        sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u[p], x), sc));
+                    }
                 }
             }
+            unsigned6_correction<MT>(isums, k, sb, s, sum);
         }
     });
 }
@@ -478,13 +573,7 @@ void quantize_rows16(const float* x, int64_t rows, int64_t k, int16_t* xq, float
         for (int64_t b = 0; b < blocks; ++b) {
             const float* xb = x + r * k + b * 256;
             int16_t* qb = xq + r * k + b * 256;
-            __m256 amax = _mm256_setzero_ps();
-            const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-            for (int i = 0; i < 256; i += 8) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(xb + i), abs));
-            __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-            m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-            m = _mm_max_ss(m, _mm_movehdup_ps(m));
-            const float d = _mm_cvtss_f32(m) / 32767.f, id = d > 0.f ? 1.f / d : 0.f;
+            const float d = abs_max(xb, 256) / 32767.f, id = d > 0.f ? 1.f / d : 0.f;
             dx[r * blocks + b] = d;
             const __m256 vid = _mm256_set1_ps(id);
             for (int i = 0; i < 256; i += 16) {  // round to nearest even, as nearbyint
@@ -498,7 +587,7 @@ void quantize_rows16(const float* x, int64_t rows, int64_t k, int16_t* xq, float
 
 template <int BITS, int MT>
 inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float* xsum, const void* codes,
-                     const int16_t* sub, const float* dsup, const float* offset, float* y, int64_t ldy) {
+                     const int8_t* sub, const float* dsup, const float* offset, float* y, int64_t ldy) {
     constexpr int G = BITS == 4 ? 32 : 16, SPAN = BITS == 4 ? 256 : 128;  // values per int32 flush
 #ifdef __AVX512VNNI__
     // 512-bit vpdpwssd: 32 products an instruction, twice the 256-bit form's throughput here. A span's
@@ -507,7 +596,8 @@ inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float*
     // span's end gives the 8-lane path's integers, hence its floats.
     const __m512i m = _mm512_set1_epi16(0x0F);
     span_tile<MT, SPAN, G>(k, dx, dsup, xsum, offset, y, ldy, [&](int64_t sp, __m256i* sum) {
-        const int16_t* s = sub + sp * (SPAN / G);
+        alignas(16) int16_t s[SPAN / G];
+        widen_scales<SPAN / G>(sub + sp * (SPAN / G), s);
         const int16_t* xs = xq + sp * SPAN;
         __m512i z[MT];
         for (int r = 0; r < MT; ++r) z[r] = _mm512_setzero_si512();
@@ -522,8 +612,10 @@ inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float*
                 rows(_mm512_mullo_epi16(_mm512_and_si512(bb, m), _mm512_set1_epi16(s[g])), 32 * g);
             }
         } else {
+            __m256i u[4];  // one span: 128 values, groups of 16
+            codes6((const uint8_t*)codes + sp * 96, u);
             for (int g = 0; g < 8; g += 2) {  // two groups of 16
-                const __m512i q = _mm512_cvtepi8_epi16(load256((const int8_t*)codes + sp * 128 + 16 * g));
+                const __m512i q = _mm512_cvtepi8_epi16(_mm256_sub_epi8(u[g / 2], _mm256_set1_epi8(32)));
                 const __m512i sc = _mm512_inserti64x4(_mm512_set1_epi16(s[g]), _mm256_set1_epi16(s[g + 1]), 1);
                 rows(_mm512_mullo_epi16(q, sc), 16 * g);
             }
@@ -534,7 +626,8 @@ inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float*
 #else
     const __m256i m = _mm256_set1_epi16(0x0F);
     span_tile<MT, SPAN, G>(k, dx, dsup, xsum, offset, y, ldy, [&](int64_t sp, __m256i* sum) {
-        const int16_t* s = sub + sp * (SPAN / G);
+        alignas(16) int16_t s[SPAN / G];
+        widen_scales<SPAN / G>(sub + sp * (SPAN / G), s);
         const int16_t* xs = xq + sp * SPAN;
         if constexpr (BITS == 4) {
             const uint8_t* c = (const uint8_t*)codes + sp * 128;
@@ -550,9 +643,12 @@ inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float*
                 }
             }
         } else {
-            const int8_t* c = (const int8_t*)codes + sp * 128;
+            __m256i u[4];  // one span: 128 values, groups of 16
+            codes6((const uint8_t*)codes + sp * 96, u);
             for (int g = 0; g < 8; ++g) {
-                const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(c + 16 * g)));
+                const __m256i v = _mm256_sub_epi8(u[g / 2], _mm256_set1_epi8(32));
+                const __m256i q =
+                    _mm256_cvtepi8_epi16(g % 2 ? _mm256_extracti128_si256(v, 1) : _mm256_castsi256_si128(v));
                 const __m256i w = _mm256_mullo_epi16(q, _mm256_set1_epi16(s[g]));
                 for (int r = 0; r < MT; ++r)
                     sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(w, load256(xs + r * k + 16 * g)));
@@ -562,48 +658,89 @@ inline void tile_a16(const int16_t* xq, const float* dx, int64_t k, const float*
 #endif
 }
 
+// Q4_K's offsets -dmin * m under int4-a8 as integers: per super-block, dmin * dx * sum_g m[g] * isum[g]
+// (isum: the group's integer sum of the rounded x; m: the file's 6-bit minimum). Exact in int32, one
+// float operation per super-block, and a byte per 32 weights read instead of a float32 offset. Two
+// super-blocks (16 groups) a vector; an odd last one in scalar integers.
+inline float min_dot(const int16_t* isum, const uint8_t* m, const float* dmin, const float* dx, int64_t supers) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t sb = 0;
+    for (; sb + 2 <= supers; sb += 2) {
+        const __m256i p = _mm256_madd_epi16(load256(isum + 8 * sb),
+                                            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(m + 8 * sb))));
+        const __m256 s = _mm256_set_m128(_mm_set1_ps(dmin[sb + 1] * dx[sb + 1]), _mm_set1_ps(dmin[sb] * dx[sb]));
+        acc = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc);
+    }
+    float tail = 0.f;
+    if (sb < supers) {
+        int32_t t = 0;
+        for (int g = 0; g < 8; ++g) t += (int32_t)isum[8 * sb + g] * m[8 * sb + g];
+        tail = dmin[sb] * dx[sb] * (float)t;
+    }
+    return hsum(acc) + tail;
+}
+
+// The per-super-block scales a K-quant part brings to the integer paths: its integer group scales and
+// d per 256 values; for Q4_K under int4-a8 also its integer minimums and dmin per 256 values (else null).
+struct Supers {
+    const int8_t* sub;
+    const float* dsup;
+    const uint8_t* mins;
+    const float* dmin;
+};
+
 // Either super-block path over every feature: x rounded per 256 values to int8 (ACT 8, int4-a8) or
 // int16 (ACT 16, int4-a16), then the tile of that rounding.
 template <int BITS, int ACT>
 void run_super(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale,
-               const float* offset, const int16_t* sub, const float* dsup, int64_t n, float* y, int64_t ldy,
-               int threads) {
+               const float* offset, Supers su, int64_t n, float* y, int64_t ldy, int threads) {
     using XQ = std::conditional_t<ACT == 8, int8_t, int16_t>;
     constexpr int G = BITS == 4 ? 32 : 16;
     const int64_t supers = k / 256, groups = k / G;
+    const int8_t* sub = su.sub;
+    const float* dsup = su.dsup;
+    const bool int_mins = ACT == 8 && su.mins;
     const std::unique_ptr<XQ[]> xq_buf = buffer<XQ>(rows * k);
     const std::unique_ptr<float[]> dx_buf = buffer<float>(rows * supers);
-    // int4-a8: the offsets see the rounded x (quantize_rows); int4-a16's rounding is 256 times finer and
-    // its offsets see the unrounded x
+    // int4-a8: each group's integer sum of the rounded x (Q6_K's unsigned6_correction, Q4_K's min_dot)
+    const std::unique_ptr<int16_t[]> isums =
+        ACT == 8 && (BITS == 6 || int_mins) ? buffer<int16_t>(rows * groups) : nullptr;
+    // float offsets: under int4-a8 on the rounded x (quantize_rows); int4-a16's rounding is 256 times
+    // finer and its offsets see the unrounded x
     std::unique_ptr<float[]> sums = nullptr;
-    if (offset) sums = ACT == 8 ? buffer<float>(rows * groups) : group_sums<G>(x, rows, k);
+    if (offset && !int_mins) sums = ACT == 8 ? buffer<float>(rows * groups) : group_sums<G>(x, rows, k);
     XQ* xq = xq_buf.get();
     float* dx = dx_buf.get();
     const float* xsum = sums.get();
     if constexpr (ACT == 8)
-        quantize_rows<G>(x, rows, k, 256, BITS == 4 ? SUPER_X4 : XOrder::ELEMENT, xq, dx, sums.get());
+        quantize_rows<G>(x, rows, k, 256, BITS == 4 ? SUPER_X4 : XOrder::ELEMENT, xq, dx, sums.get(), isums.get());
     else quantize_rows16(x, rows, k, xq, dx);
     for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
                               const void* c, const float*, const float* o) {
         constexpr int MT = decltype(mt)::value;
         const float* xs = xsum ? xsum + r * groups : nullptr;
-        if constexpr (ACT == 8)
-            tile_super<BITS, MT>(xq + r * k, dx + r * supers, k, xs, c, sub + j * groups, dsup + j * supers, o,
-                                 y + r * ldy + j, ldy);
-        else
+        const int16_t* is = isums ? isums.get() + r * groups : nullptr;
+        if constexpr (ACT == 8) {
+            tile_super<BITS, MT>(xq + r * k, dx + r * supers, k, xs, is, c, sub + j * groups, dsup + j * supers,
+                                 int_mins ? nullptr : o, y + r * ldy + j, ldy);
+            if (int_mins)
+                for (int i = 0; i < MT; ++i)
+                    y[(r + i) * ldy + j] -= min_dot(is + i * groups, su.mins + j * groups, su.dmin + j * supers,
+                                                    dx + (r + i) * supers, supers);
+        } else
             tile_a16<BITS, MT>(xq + r * k, dx + r * supers, k, xs, c, sub + j * groups, dsup + j * supers, o,
                                y + r * ldy + j, ldy);
     });
 }
 
-// run_super for a layout given at run time: Q4_K (bits 4, group 32) or Q6_K (bits 8, group 16); -1 otherwise.
+// run_super for a layout given at run time: Q4_K (bits 4, group 32) or Q6_K (bits 6, group 16); -1 otherwise.
 template <int ACT>
 int run_super_layout(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
-                     const float* scale, const float* offset, const int16_t* sub, const float* dsup, int64_t n,
-                     float* y, int64_t ldy, int threads) {
-    if (bits == 4 && group == 32) run_super<4, ACT>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
-    else if (bits == 8 && group == 16)
-        run_super<8, ACT>(x, rows, k, codes, scale, offset, sub, dsup, n, y, ldy, threads);
+                     const float* scale, const float* offset, Supers su, int64_t n, float* y, int64_t ldy,
+                     int threads) {
+    if (bits == 4 && group == 32) run_super<4, ACT>(x, rows, k, codes, scale, offset, su, n, y, ldy, threads);
+    else if (bits == 6 && group == 16 && !su.mins)
+        run_super<6, ACT>(x, rows, k, codes, scale, offset, su, n, y, ldy, threads);
     else return -1;
     return 0;
 }
@@ -611,17 +748,17 @@ int run_super_layout(const float* x, int64_t rows, int64_t k, int bits, int grou
 // The integer-activation layouts (act 8 or 16; checked by `qlinear`), with this translation unit's
 // instructions.
 inline int run_int(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes, const float* scale,
-                   const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int16_t* sub,
-                   const float* dsup) {
+                   const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int8_t* sub,
+                   const float* dsup, const uint8_t* mins, const float* dmin) {
     if (act && sub) {  // K-quant super-blocks: one exact integer sum per 256 (or 128) values
-        if (k % 256) return -1;
+        if (k % 256 || (mins && (act != 8 || !dmin))) return -1;
+        const Supers su{sub, dsup, mins, dmin};
         return (act == 16 ? run_super_layout<16> : run_super_layout<8>)(x, rows, k, bits, group, codes, scale, offset,
-                                                                        sub, dsup, n, y, ldy, threads);
+                                                                        su, n, y, ldy, threads);
     }
     if (act == 8) {
         if (bits == 4 && group == 32) run_a8<4, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
         else if (bits == 8 && group == 32) run_a8<8, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
-        else if (bits == 8 && group == 16) run_a8<8, 16>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
         else return -1;
         return 0;
     }
@@ -676,4 +813,4 @@ void dense(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, f
 // called only where the CPU has it. Returns as `qlinear` does.
 int qlinear_int_vnni(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
                      const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act,
-                     const int16_t* sub, const float* dsup);
+                     const int8_t* sub, const float* dsup, const uint8_t* mins, const float* dmin);

@@ -4,6 +4,6 @@
 
 int qlinear_int_vnni(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
                      const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act,
-                     const int16_t* sub, const float* dsup) {
-    return run_int(x, rows, k, bits, group, codes, scale, offset, n, y, ldy, threads, act, sub, dsup);
+                     const int8_t* sub, const float* dsup, const uint8_t* mins, const float* dmin) {
+    return run_int(x, rows, k, bits, group, codes, scale, offset, n, y, ldy, threads, act, sub, dsup, mins, dmin);
 }
