@@ -117,9 +117,6 @@ class QuantTensor:
                 out[name] = getattr(self, name)
         return out
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors().values())
-
 
 class QuantLinear:
     """y = x @ W.T with W the row-wise stack of `parts` (QuantTensor, or a dense float32 tensor for a

@@ -134,7 +134,7 @@ inline void decode4(const uint8_t* p, __m256* w) {
     w[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
 }
 
-// int8: G (16 or 32) signed bytes, in element order.
+// int8: G (32: Q5_0, Q5_K, Q8_0) signed bytes, in element order.
 template <int G>
 inline void decode8(const int8_t* p, __m256* w) {
     for (int v = 0; v < G / 8; ++v)
