@@ -17,7 +17,7 @@ $(BIN)/python:
 # torch first, pinned: the CPU wheel on local disk; an unpinned torch pulls a several-GB CUDA build
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
-	$(BIN)/pip install --disable-pip-version-check -q -e '.[test,monitor,ray,bench]'
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[test,monitor,ray,bench,clients]'
 	touch $@
 
 # idempotent: a model already assembled (size checked) is skipped. Only the default pair's int4 caches

@@ -153,6 +153,26 @@ def in_process_server(build, config=None, log_config: dict | None = None):
         engine.shutdown()
 
 
+@contextlib.contextmanager
+def slow_server(model_path: str, seconds_per_step: float = 0.02):
+    """in_process_server on a tiny model whose every engine step sleeps first (so a client can leave
+    while its request runs, whatever the machine's speed), once its model is loaded; yields
+    (engine, handle, metrics) with metrics() reading /metrics."""
+    from conftest import engine_config
+    from specdec.engine import LLMEngine
+
+    class SlowEngine(LLMEngine):
+        def step(self):
+            time.sleep(seconds_per_step)
+            return super().step()
+
+    with in_process_server(lambda: SlowEngine(engine_config(model_path), progress=False)) as (engine, handle):
+        deadline = time.time() + 60
+        while not engine.ready and time.time() < deadline:
+            time.sleep(0.05)
+        yield engine, handle, lambda: ServerProcess.metrics(handle)
+
+
 def started_client(build, config):
     """Starlette's TestClient on an app around an AsyncEngine made by `build`, once its models are
     loaded; returns (client, engine): the caller enters the client and shuts the engine down."""

@@ -15,7 +15,7 @@ from specdec.config import ServerConfig, StructuredConfig, load_yaml_config
 from specdec.engine import LLMEngine
 from specdec.sample.structured import GrammarCompiler, check_structured
 from specdec.sampling_params import SamplingParams, StructuredOutput
-from specdec.server.tools import MAX_PARALLEL_CALLS, tool_grammar
+from specdec.server.tool_grammar import MAX_PARALLEL_CALLS, call_grammar
 
 HANG_GUARD_S = 20   # generous: each case must be answered, not fast
 
@@ -209,20 +209,20 @@ def _calls_accepted(tokenizer, compiler: GrammarCompiler, grammar: StructuredOut
     return state.valid_prefix(tokens) == len(tokens)
 
 
-@pytest.mark.parametrize("name", [None, "get_time"])
-def test_required_and_named_tool_calls_are_bounded(tokenizer, name):
-    """tool_choice required (name None) or a named function: at most MAX_PARALLEL_CALLS calls with
-    parallel_tool_calls, exactly one without."""
+def test_required_and_named_tool_calls_are_bounded(tokenizer):
+    """tool_choice required: at most MAX_PARALLEL_CALLS calls with parallel_tool_calls, exactly one
+    without; a named function: exactly one call either way."""
     functions = [{"name": "get_time", "parameters": {"type": "object", "properties": {}}},
                  {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
     compiler = GrammarCompiler(tokenizer)
     kw = {"tags_are_tokens": False}   # the tiny vocabulary has no call-tag tokens
-    parallel = tool_grammar(functions, name, True, **kw)
-    single = tool_grammar(functions, name, False, **kw)
+    parallel = call_grammar(functions, None, True, **kw)
     assert _calls_accepted(tokenizer, compiler, parallel, MAX_PARALLEL_CALLS)
     assert not _calls_accepted(tokenizer, compiler, parallel, MAX_PARALLEL_CALLS + 1)
-    assert _calls_accepted(tokenizer, compiler, single, 1)
-    assert not _calls_accepted(tokenizer, compiler, single, 2)
+    for single in (call_grammar(functions, None, False, **kw), call_grammar(functions, "get_time", True, **kw),
+                   call_grammar(functions, "get_time", False, **kw)):
+        assert _calls_accepted(tokenizer, compiler, single, 1)
+        assert not _calls_accepted(tokenizer, compiler, single, 2)
 
 
 # ---- the server ----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import engine_config, expected_auto_precision
 from openai import AuthenticationError, BadRequestError
-from server_process import ServerProcess, http_json, in_process_server
+from server_process import ServerProcess, http_json, in_process_server, slow_server
 
 from specdec.config import load_yaml_config
 from specdec.llm import LLM
@@ -316,18 +316,8 @@ def test_client_leaving_a_non_streaming_request_aborts_it(tiny_qwen):
     the request must end as an abort (whatever the machine's speed) with its blocks freed."""
     import socket
 
-    from specdec.engine import LLMEngine
-
-    class SlowEngine(LLMEngine):
-        def step(self):
-            time.sleep(0.02)
-            return super().step()
-
-    with in_process_server(lambda: SlowEngine(engine_config(str(tiny_qwen)), progress=False)) as (engine, local):
+    with slow_server(str(tiny_qwen)) as (engine, local, metrics):
         deadline = time.time() + 60
-        while not engine.ready and time.time() < deadline:
-            time.sleep(0.05)
-        metrics = lambda: ServerProcess.metrics(local)  # noqa: E731
         before = metrics()
         body = json.dumps({"prompt": "count", "max_tokens": 400, "ignore_eos": True}).encode()
         with socket.create_connection(("127.0.0.1", local.port)) as sock:

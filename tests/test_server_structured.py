@@ -138,7 +138,7 @@ def test_streamed_tool_calls_match_the_whole_response(server):
     ({"response_format": {"type": "xml"}}, "response_format.type", ""),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
-    ({"tools": [WEATHER], "tool_choice": "required", "guided_regex": "a"}, "tool_choice", "cannot be combined"),
+    ({"tools": [WEATHER], "tool_choice": "required", "guided_regex": "a"}, "tool_choice", "response_format only"),
     ({"modalities": ["audio"]}, "modalities", "unrecognized field"),
     ({"messages": [{"role": "user", "content": "x", "bogus": 1}]}, "messages.0.bogus", "unrecognized"),
 ])

@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from specdec.server.tool_calls import ToolCallStream, parse_tool_calls
-from specdec.server.tools import check_tools, tool_grammar, tool_messages
+from specdec.sampling_params import StructuredOutput
+from specdec.server.tool_grammar import MAX_PARALLEL_CALLS, auto_grammar, call_grammar
+from specdec.server.tools import check_tools, tool_messages
 
 ID = re.compile(r"call_[0-9a-f]{24}")
 WEATHER = {"type": "function", "function": {
@@ -351,7 +353,7 @@ def accepts(toks, structured, text: str) -> bool:
 
 @needs_llguidance
 def test_grammar_is_valid(toks):
-    structured = tool_grammar(check_tools([WEATHER, NOW, PLACE]), None, True)
+    structured = call_grammar(check_tools([WEATHER, NOW, PLACE]), None, True)
     assert structured.kind == "grammar"
     grammar = llguidance.LLMatcher.grammar_from_lark(structured.spec)
     assert llguidance.LLMatcher.validate_grammar_with_warnings(grammar, toks[1]) == (False, [])
@@ -366,7 +368,7 @@ def test_grammar_special_tokens_are_tokens(toks):
 
 @needs_llguidance
 def test_grammar_accepts_calls(toks):
-    g = tool_grammar(check_tools([WEATHER, NOW, PLACE]), None, False)
+    g = call_grammar(check_tools([WEATHER, NOW, PLACE]), None, False)
     assert accepts(toks, g, block("get_weather", '{"city": "Paris"}'))
     assert accepts(toks, g, block("get_weather", '{"city": "Paris", "unit": "f"}'))
     assert accepts(toks, g, block("now", "{}"))
@@ -376,7 +378,7 @@ def test_grammar_accepts_calls(toks):
 
 @needs_llguidance
 def test_grammar_rejects_wrong_calls(toks):
-    g = tool_grammar(check_tools([WEATHER, NOW, PLACE]), None, False)
+    g = call_grammar(check_tools([WEATHER, NOW, PLACE]), None, False)
     assert not accepts(toks, g, block("get_wether", '{"city": "Paris"}'))           # no such function
     assert not accepts(toks, g, block("get_weather", '{"unit": "c"}'))              # city missing
     assert not accepts(toks, g, block("get_weather", '{"city": "Paris", "x": 1}'))  # extra property
@@ -390,7 +392,7 @@ def test_grammar_rejects_wrong_calls(toks):
 @needs_llguidance
 def test_grammar_wants_the_special_token_not_its_text(toks):
     tok, lltok, _ = toks
-    g = tool_grammar(check_tools([NOW]), None, False)
+    g = call_grammar(check_tools([NOW]), None, False)
     matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_lark(g.spec))
     spelled = tok.encode("<").ids + tok.encode("tool_call>").ids  # the tag as byte tokens
     assert len(spelled) == len("<tool_call>")
@@ -401,19 +403,19 @@ def test_grammar_wants_the_special_token_not_its_text(toks):
 @needs_llguidance
 def test_grammar_parallel(toks):
     two = block("get_weather", '{"city": "Paris"}') + "\n" + block("now", "{}")
-    assert accepts(toks, tool_grammar(check_tools([WEATHER, NOW]), None, True), two)
-    assert accepts(toks, tool_grammar(check_tools([WEATHER, NOW]), None, True), block("now", "{}"))
+    assert accepts(toks, call_grammar(check_tools([WEATHER, NOW]), None, True), two)
+    assert accepts(toks, call_grammar(check_tools([WEATHER, NOW]), None, True), block("now", "{}"))
     tok, lltok, _ = toks
-    single = tool_grammar(check_tools([WEATHER, NOW]), None, False)
+    single = call_grammar(check_tools([WEATHER, NOW]), None, False)
     matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_lark(single.spec))
     first = tok.encode(block("get_weather", '{"city": "Paris"}')).ids
-    assert matcher.validate_tokens(tok.encode(two).ids) == len(first)  # stops at the "\n" before a second call
+    # the "\n" after a call may end the turn; a second call may not follow it
+    assert matcher.validate_tokens(tok.encode(two).ids) == len(first) + 1
 
 
 @needs_llguidance
 def test_grammar_parallel_calls_are_bounded(toks):
-    from specdec.server.tools import MAX_PARALLEL_CALLS
-    g = tool_grammar(check_tools([NOW]), None, True)
+    g = call_grammar(check_tools([NOW]), None, True)
     calls = [block("now", "{}")] * MAX_PARALLEL_CALLS
     assert accepts(toks, g, "\n".join(calls))
     assert not accepts(toks, g, "\n".join(calls + [block("now", "{}")]))   # the grammar ends: the model stops
@@ -435,22 +437,147 @@ def test_truncated_output_drops_the_unfinished_call():
 def test_grammar_open_schema(toks):
     anything = {"type": "function", "function": {"name": "any", "parameters": {
         "type": "object", "properties": {}, "additionalProperties": True}}}
-    assert accepts(toks, tool_grammar(check_tools([anything]), None, False), block("any", '{"x": [1]}'))
+    assert accepts(toks, call_grammar(check_tools([anything]), None, False), block("any", '{"x": [1]}'))
 
 
 @needs_llguidance
 def test_grammar_required_name(toks):
-    g = tool_grammar(check_tools([WEATHER, NOW]), "now", True)
+    g = call_grammar(check_tools([WEATHER, NOW]), "now", True)
     assert accepts(toks, g, block("now", "{}"))
+    assert accepts(toks, g, block("now", "{}") + "\n")
     assert not accepts(toks, g, block("get_weather", '{"city": "Paris"}'))
+    assert not accepts(toks, g, block("now", "{}") + "\n" + block("now", "{}"))  # named: exactly one call
     with pytest.raises(ValueError, match="'nope'"):
-        tool_grammar(check_tools([WEATHER, NOW]), "nope", True)
+        call_grammar(check_tools([WEATHER, NOW]), "nope", True)
 
 
 def test_grammar_argument_errors():
     with pytest.raises(ValueError, match="no tools"):
-        tool_grammar([], None, True)
+        call_grammar([], None, True)
     with pytest.raises(ValueError, match="special token"):
-        tool_grammar(check_tools([NOW]), None, True, open_tag="tool_call")
-    g = tool_grammar(check_tools([NOW]), None, True, open_tag="<[151657]>", close_tag="<[151658]>")
-    assert "call: <[151657]> " in g.spec and g.spec.count("<[151658]>") == 1
+        call_grammar(check_tools([NOW]), None, True, open_tag="tool_call")
+    g = call_grammar(check_tools([NOW]), None, True, open_tag="<[151657]>", close_tag="<[151658]>")
+    assert "tagged: <[151657]> " in g.spec and g.spec.count("<[151658]>") == 1
+
+
+@needs_llguidance
+def test_grammar_lets_the_turn_end_after_any_call(toks):
+    """The model ends a turn as "</tool_call>\n" + EOS: the "\n" must not commit it to another call."""
+    g = call_grammar(check_tools([WEATHER, NOW]), None, True)
+    one = block("now", "{}")
+    for text in (one + "\n", one + "\n" + one + "\n", one + " \n\n"):
+        assert accepts(toks, g, text)
+
+
+@needs_llguidance
+def test_auto_grammar_is_free_until_a_call_starts(toks):
+    g = auto_grammar(check_tools([WEATHER, NOW]))
+    assert accepts(toks, g, "")
+    assert accepts(toks, g, "Any text { with braces }, ```code``` and JSON {\"name\": \"Ada\"}.")
+    assert accepts(toks, g, "Let me look. " + block("now", "{}") + "\nDone.")
+    fenced = '```json\n{\n  "name": "get_weather", "arguments": {"city": "Paris"}\n}\n```'
+    assert accepts(toks, g, fenced)
+    assert accepts(toks, g, 'I will call {"name": "now", "arguments": {}} now.')
+    # once `{"name": "<an offered tool>"` is written, the rest of the call follows its schema
+    assert not accepts(toks, g, '{"name": "get_weather", "arguments": {"town": "Paris"}}')
+    assert not accepts(toks, g, '{"name": "get_weather", "arguments": {"city": "Paris", "x": 1}}')
+    assert not accepts(toks, g, '{"name": "now", "arguments": {"x": 1}}')
+
+
+@needs_llguidance
+def test_auto_grammar_with_an_answer_schema(toks):
+    answer = StructuredOutput("json_schema", {"type": "object", "properties": {"title": {"type": "string"}},
+                                              "required": ["title"], "additionalProperties": False})
+    g = auto_grammar(check_tools([WEATHER, NOW]), answer)
+    assert accepts(toks, g, '{"title": "Dune"}')                      # the final answer, as its schema says
+    assert accepts(toks, g, block("now", "{}") + "\n")                # or calls
+    assert accepts(toks, g, '{"name": "get_weather", "arguments": {"city": "Paris"}}')
+    # no fence: the model's favourite opening would otherwise steer every answer into a call
+    assert not accepts(toks, g, '```json\n{"name": "now", "arguments": {}}\n```')
+    assert not accepts(toks, g, "Dune")                                # no free text
+    assert not accepts(toks, g, '{"author": "Herbert"}')
+    with pytest.raises(ValueError, match="response_format"):
+        auto_grammar(check_tools([NOW]), StructuredOutput("regex", "a+"))
+
+
+@needs_llguidance
+def test_arguments_close_unless_told_otherwise(toks):
+    open_args = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}}}}}}
+    g = call_grammar(check_tools([open_args]), None, False)
+    assert accepts(toks, g, block("f", '{"a": {"b": 1}}'))
+    assert not accepts(toks, g, block("f", '{"a": {"b": 1}, "c": 2}'))
+    assert not accepts(toks, g, block("f", '{"a": {"b": 1, "c": 2}}'))
+
+
+# ---- calls in JSON form (tool_choice auto) ----------------------------------------------------
+
+FENCED = '```json\n{\n  "name": "get_weather", "arguments": {"city": "Paris"}\n}\n```'
+JSON_FORMS = [
+    (FENCED, None, [("get_weather", '{"city": "Paris"}')]),
+    ("Sure.\n" + FENCED + "\nDone.", "Sure.\n\nDone.", [("get_weather", '{"city": "Paris"}')]),
+    ('{"name": "now", "parameters": {}}', None, [("now", "{}")]),
+    ('```\n{"name":"now","arguments":{}}```', None, [("now", "{}")]),
+    ('{"name": "Ada", "arguments": {}}', '{"name": "Ada", "arguments": {}}', []),   # not an offered tool
+    ("```python\nx = {'name': 1}\n```", "```python\nx = {'name': 1}\n```", []),
+    ('{"title": "x"} and { broken', '{"title": "x"} and { broken', []),
+    (block("now", "{}") + "\n" + FENCED, None, [("now", "{}"), ("get_weather", '{"city": "Paris"}')]),
+]
+
+
+@pytest.mark.parametrize("text,content,calls", JSON_FORMS)
+def test_json_form_calls_whole_and_streamed(text, content, calls):
+    names = ("get_weather", "now")
+    got_content, got = parse_tool_calls(text, names=names)
+    assert got_content == content
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in got] == calls
+    for pieces in ([text], list(text)):
+        stream = ToolCallStream(names)
+        deltas = [d for p in pieces for d in stream.feed(p)] + stream.finish()
+        streamed, streamed_calls = collect(deltas)
+        assert [(c["name"], c["arguments"]) for c in streamed_calls] == calls
+        assert (streamed.strip() if calls else streamed) == (content or "")
+
+
+def test_json_form_cut_off_is_dropped():
+    content, calls = parse_tool_calls("Sure. " + FENCED[:30], truncated=True, names=("get_weather",))
+    assert (content, calls) == ("Sure. ", [])
+    assert parse_tool_calls("```js", truncated=True, names=("now",)) == (None, [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.lists(st.sampled_from([FENCED, block("now", "{}"), '{"name": "now", "arguments": {}}', "```", "{",
+                                      "}", '"name"', "json", "\n", " ", "text", '{"a": 1}']), max_size=8).map("".join),
+       data=st.data())
+def test_json_form_stream_does_not_depend_on_the_split(text, data):
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=10)))
+    pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+    names = ("get_weather", "now")
+    split, whole = ToolCallStream(names), ToolCallStream(names)
+    a = collect([d for p in pieces for d in split.feed(p)] + split.finish())
+    b = collect(whole.feed(text) + whole.finish())
+    assert a[0] == b[0] and [(c["name"], c["arguments"]) for c in a[1]] == [(c["name"], c["arguments"]) for c in b[1]]
+
+
+def test_an_object_with_more_than_a_call_stays_text():
+    """Qwen2.5's system prompt shows a call as `{{"name": ...}}`; a model that echoes that, adding its
+    own "response", wrote an answer, not a call."""
+    text = '{{"name": "now", "arguments": {}, "response": "7Q-ALPHA-93"}}'
+    assert parse_tool_calls(text, names=("now",)) == (text, [])
+    stream = ToolCallStream(("now",))
+    assert collect([d for c in text for d in stream.feed(c)] + stream.finish()) == (text, [])
+
+
+def test_the_answer_format_is_told_once_a_tool_result_is_in():
+    from specdec.server.tools import with_answer_format
+    answer = StructuredOutput("json_schema", {"type": "object", "properties": {"code": {"type": "string"}}})
+    first = [{"role": "user", "content": "code?"}]
+    assert with_answer_format(first, answer) == first     # before any result: a call is the likely turn
+    turn = first + [{"role": "assistant", "content": "", "tool_calls": []},
+                    {"role": "tool", "tool_call_id": "c", "content": "7Q"}]
+    told = with_answer_format(turn, answer)
+    assert told[0]["role"] == "system" and '"code"' in told[0]["content"] and told[1:] == turn
+    system = [{"role": "system", "content": "Be brief."}] + turn
+    told = with_answer_format(system, StructuredOutput("json"))
+    assert told[0]["content"].startswith("Be brief.\n\n") and "JSON object" in told[0]["content"]
+    assert system[0]["content"] == "Be brief."            # the caller's messages are not changed

@@ -6,7 +6,7 @@
 
 in README.md and the docs/ files named in DOCS: VIEW says how to draw the table
 (`spec`, `spec-wide`, `precision`, `serve`, `soak`, `structured`, `replicas`, `affinity`, `steps`,
-`row-invariance`, `kld`, `matmul`, `peers`; `history` and `index` take
+`row-invariance`, `kld`, `matmul`, `peers`, `tool-speed`; `history` and `index` take
 no STEM), STEM names the results file (`docs/results/STEM.json`). Each table opens with a caption
 giving the run's date and machine (from SOURCES below) and the command that reproduces the run,
 rebuilt from the configuration its JSON records. Files are written atomically (a temporary file in
@@ -36,6 +36,7 @@ MACHINES = {
     "zen1": ("Zen 1", "Zen 1 VM (AMD EPYC family 23, 2 vCPU, AVX2 only)"),
     "h200": ("H200", "NVIDIA H200 GPU (torch 2.11, CUDA 13)"),
     "xeon": ("Xeon", "Intel Xeon (Sapphire Rapids: AVX-512, VNNI; AMX not exposed), 2 vCPU"),
+    "xeon-amx": ("Xeon", "Intel Xeon (Sapphire Rapids: AVX-512, VNNI; AMX exposed, unused by specdec), 2 vCPU"),
 }
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
@@ -115,6 +116,8 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                                "after the step as values, every precision (a one-off script)"),
     "bench-steps-a8-zen4": ("2026-12-02", "zen4", "forward cost by new rows, the real file, timed interleaved: "
                             "llama.cpp, int4-a8 with Q6_K at 6 bits and integer minimums, int4-a16"),
+    "bench-tool-speed-xeon": ("2026-12-03", "xeon-amx", "a named tool call under its grammar against as many free "
+                              "tokens, the default pair with draft-model speculation"),
     "kld-zen4": ("2026-12-02", "zen4", "each mode against float32 with Q6_K at 6 bits and Q4_K's integer "
                  "minimums; the second half of each chunk scored"),
     "bench-peers-zen4": ("2026-12-02", "zen4", "int4-a8 (auto) beside llama.cpp and OpenVINO GenAI, their "
@@ -507,6 +510,17 @@ def view_matmul(data: dict) -> str:
               f"own output is within {worst:.1e} (relative) of the exact form's float64 value.")
 
 
+def view_tool_speed(data: dict) -> str:
+    """A forced tool call against as many unconstrained tokens on one engine: tokens/s and the ratio."""
+    c, f, r = data["constrained_tok_s"], data["free_tok_s"], data["ratio"]
+    rounds = data["rounds"]
+    rows = [["named call, under its grammar", spread(c, 1)], ["as many free tokens", spread(f, 1)],
+            ["ratio (per round)", spread(r, 2, "×")]]
+    return (table(["", "tokens/s, median (min–max)"], rows)
+            + f"\n\n{rounds[0]['tokens']} tokens a call, {rounds[0]['forced_accepted']} of them grammar-forced "
+              f"drafts; {len(rounds)} rounds, `{data['precision']}`.")
+
+
 def view_replicas(data: dict) -> str:
     """Per arm (one process, N Ray replicas): throughput and latency under the same closed-loop load."""
     rows = [[arm, spread(s["tokens_per_second"], 1), spread(s["throughput_ratio"], 2, "×"),
@@ -632,7 +646,8 @@ def view_lines(root: Path, doc: Path) -> str:
 TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view_precision,
                "serve": view_serve, "soak": view_soak, "structured": view_structured, "steps": view_steps,
                "replicas": view_replicas, "affinity": view_affinity, "row-invariance": view_row_invariance,
-               "kld": view_kld, "matmul": view_matmul, "peers": view_peers}
+               "kld": view_kld, "matmul": view_matmul, "peers": view_peers,
+               "tool-speed": view_tool_speed}
 DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
 
 

@@ -40,11 +40,12 @@ def read_items(path: Path) -> list[dict]:
 
 def constraint_of(item: dict, tokenizer) -> StructuredOutput:
     """The item's constraint: its response_format schema, its guided choice, or its required tool call."""
-    from specdec.server.tools import check_tools, tool_grammar, vocab_has_call_tags
+    from specdec.server.tool_grammar import call_grammar
+    from specdec.server.tools import check_tools, vocab_has_call_tags
     if "tools" in item:
         choice = item.get("tool_choice", "required")
         name = choice["function"]["name"] if isinstance(choice, dict) else None
-        return tool_grammar(check_tools(item["tools"]), name, item.get("parallel_tool_calls", True),
+        return call_grammar(check_tools(item["tools"]), name, item.get("parallel_tool_calls", True),
                             tags_are_tokens=vocab_has_call_tags(tokenizer))
     if "guided_choice" in item:
         return StructuredOutput("choice", item["guided_choice"])

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP API (FastAPI): /v1/completions, /v1/chat/completions (both with
-server-sent-event streaming), /v1/models, vLLM's /tokenize, /detokenize and /version,
+"""The OpenAI-compatible HTTP API (FastAPI): /v1/completions, /v1/chat/completions, /v1/responses
+(all with server-sent-event streaming), /v1/models, vLLM's /tokenize, /detokenize and /version,
 /admin/drafts, /health, /metrics, and the published schema (/openapi.json, /docs, served offline)
 unless the config turns it off.
 
@@ -21,7 +21,7 @@ from specdec.server.errors import install_error_handlers
 from specdec.server.metrics import ServerMetrics
 from specdec.server.middleware import BodyLimit, RequestLog
 from specdec.server import openapi
-from specdec.server.routes import admin, chat, completions, docs, health, models, tokenize
+from specdec.server.routes import admin, chat, completions, docs, health, models, responses, tokenize
 from specdec.server.shadow import PREFIX as SHADOW_PREFIX
 from specdec.server.shadow import ShadowAB
 
@@ -46,7 +46,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig, model_name: str) -> Fas
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, on_reject=metrics.rejected)
     app.add_middleware(RequestLog)  # added last: outermost, so even a 413 carries the request id
     install_error_handlers(app, metrics.rejected, config.retry_after)
-    for module in (health, models, tokenize, admin, completions, chat):
+    for module in (health, models, tokenize, admin, completions, chat, responses):
         app.include_router(module.router)
     if config.openapi:
         docs.install(app)

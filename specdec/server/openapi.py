@@ -102,6 +102,40 @@ class ModelList(_Doc):
     data: list[ModelCard]
 
 
+class ResponseOutputItem(_Doc):
+    """A message ({"role", "content": [output_text parts]}) or a function_call ({"call_id", "name",
+    "arguments"})."""
+    type: str
+    id: str
+    status: str
+    role: str | None = None
+    content: list[dict[str, Any]] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ResponseUsage(_Doc):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: dict[str, int]
+    output_tokens_details: dict[str, int]
+
+
+class ResponseObject(_Doc):
+    id: str
+    object: str
+    created_at: int
+    status: str
+    incomplete_details: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    model: str
+    output: list[ResponseOutputItem]
+    usage: ResponseUsage
+    speculative: dict[str, Any]
+
+
 class Health(_Doc):
     status: str
 

@@ -1,4 +1,6 @@
-"""OpenAI tool calls read back out of the model's output (hermes-style `<tool_call>` blocks).
+"""OpenAI tool calls read back out of the model's output: hermes-style `<tool_call>` blocks and,
+given the offered tools' names, calls in JSON form (a ```json fence or a bare object whose "name"
+is an offered tool and whose "arguments" or "parameters" is an object), as small models write them.
 
 `<tool_call>` and `</tool_call>` are single tokens in Qwen2.5's vocabulary, decoded to those literal
 strings (not special tokens to the decoder, so they survive `skip_special_tokens`).
@@ -23,14 +25,24 @@ strings (not special tokens to the decoder, so they survive `skip_special_tokens
 """
 from __future__ import annotations
 
-import json
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-OPEN = "<tool_call>"
-CLOSE = "</tool_call>"
-_JSON_WS = " \t\n\r"
+from specdec.server.tool_scan import (
+    CLOSE,
+    FENCE,
+    JSON_WS,
+    OPEN,
+    closing_prefix,
+    json_start,
+    match_head,
+    match_json_head,
+    object_end,
+    parse_body,
+    parse_json_call,
+    partial_suffix,
+)
 
 
 def new_call_id() -> str:
@@ -41,9 +53,12 @@ def _call(call_id: str, name: str, arguments: str) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def parse_tool_calls(text: str, truncated: bool = False) -> tuple[str | None, list[dict]]:
+def parse_tool_calls(text: str, truncated: bool = False, names: Iterable[str] = ()) -> tuple[str | None, list[dict]]:
     """(content, calls) of a finished output (`truncated`: cut off by max_tokens); see the module
-    docstring."""
+    docstring. With `names` (the offered tools), calls in JSON form are read too, and the output
+    is read exactly as ToolCallStream reads it, so a whole response and its stream agree."""
+    if names:
+        return _parse_as_streamed(text, truncated, names)
     content: list[str] = []
     calls: list[dict] = []
     pos = 0
@@ -53,7 +68,7 @@ def parse_tool_calls(text: str, truncated: bool = False) -> tuple[str | None, li
             if truncated:  # an incomplete call: neither a call nor content
                 text = text[:start]
             break  # unterminated: stays text
-        parsed = _parse_body(text[start + len(OPEN):end])
+        parsed = parse_body(text[start + len(OPEN):end])
         if parsed is None:
             content.append(text[pos:end + len(CLOSE)])
         else:
@@ -61,7 +76,7 @@ def parse_tool_calls(text: str, truncated: bool = False) -> tuple[str | None, li
             calls.append(_call(new_call_id(), *parsed))
         pos = end + len(CLOSE)
     if truncated:  # the start of a tag the cut-off left unfinished
-        text = text[:len(text) - _partial_suffix(text[pos:], OPEN)]
+        text = text[:len(text) - partial_suffix(text[pos:], OPEN)]
     content.append(text[pos:])
     joined = "".join(content)
     if not joined.strip():
@@ -69,113 +84,14 @@ def parse_tool_calls(text: str, truncated: bool = False) -> tuple[str | None, li
     return (joined.strip() if calls else joined), calls
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")  # NaN / Infinity: Python's extension, not JSON
-
-
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-
-def _parse_body(body: str) -> tuple[str, str] | None:
-    """(name, raw arguments JSON) of a block's body, or None when it is not a call."""
-    try:
-        fields = _object_fields(body)
-    except (ValueError, RecursionError):
-        return None
-    if fields is None or set(fields) != {"name", "arguments"}:
-        return None
-    name, _, _ = fields["name"]
-    arguments, start, end = fields["arguments"]
-    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
-        return None
-    return name, body[start:end]
-
-
-def _object_fields(s: str) -> dict[str, tuple[Any, int, int]] | None:
-    """key -> (value, start, end) of the one JSON object that is all of `s` (whitespace aside);
-    None if `s` is not one or repeats a key. Raises ValueError for bad JSON inside."""
-    i = _skip_ws(s, 0)
-    if s[i:i + 1] != "{":
-        return None
-    fields: dict[str, tuple[Any, int, int]] = {}
-    i = _skip_ws(s, i + 1)
-    if s[i:i + 1] == "}":
-        return fields if _skip_ws(s, i + 1) == len(s) else None
-    while True:
-        key, i = _DECODER.raw_decode(s, i)
-        i = _skip_ws(s, i)
-        if not isinstance(key, str) or key in fields or s[i:i + 1] != ":":
-            return None
-        start = _skip_ws(s, i + 1)
-        value, end = _DECODER.raw_decode(s, start)
-        fields[key] = (value, start, end)
-        i = _skip_ws(s, end)
-        if s[i:i + 1] == "}":
-            return fields if _skip_ws(s, i + 1) == len(s) else None
-        if s[i:i + 1] != ",":
-            return None
-        i = _skip_ws(s, i + 1)
-
-
-def _skip_ws(s: str, i: int) -> int:
-    while i < len(s) and s[i] in _JSON_WS:
-        i += 1
-    return i
-
-
-def _partial_suffix(s: str, tag: str) -> int:
-    """Length of the longest end of `s` that is a proper start of `tag` (0 if none)."""
-    for k in range(min(len(tag) - 1, len(s)), 0, -1):
-        if s.endswith(tag[:k]):
-            return k
-    return 0
-
-
-_HEAD = ("{", '"name"', ":", None, ",", '"arguments"', ":", "{")  # None: the name, a JSON string
-
-
-def _match_head(body: str) -> tuple[str, str, int]:
-    """Whether a block's body starts `{"name": "<name>", "arguments": {`: ("ok", name, index of the
-    arguments' `{`), ("more", "", 0) while it still may, ("no", "", 0) once it cannot."""
-    i, name = 0, ""
-    for part in _HEAD:
-        i = _skip_ws(body, i)
-        if i == len(body):
-            return "more", "", 0
-        if part is None:
-            if body[i] != '"':
-                return "no", "", 0
-            end = _string_end(body, i)
-            if end < 0:
-                return "more", "", 0
-            try:
-                name = json.loads(body[i:end])
-            except ValueError:
-                return "no", "", 0
-            if not name:
-                return "no", "", 0
-            i = end
-            continue
-        chunk = body[i:i + len(part)]
-        if not part.startswith(chunk):
-            return "no", "", 0
-        if len(chunk) < len(part):
-            return "more", "", 0
-        i += len(part)
-    return "ok", name, i - 1
-
-
-def _string_end(s: str, i: int) -> int:
-    """Index just past the JSON string starting at s[i] == '"', or -1 if it does not end in `s`."""
-    j = i + 1
-    while j < len(s):
-        if s[j] == "\\":
-            j += 2
-        elif s[j] == '"':
-            return j + 1
-        else:
-            j += 1
-    return -1
+def _parse_as_streamed(text: str, truncated: bool, names: Iterable[str]) -> tuple[str | None, list[dict]]:
+    stream = ToolCallStream(names)
+    deltas = stream.feed(text) + stream.finish(truncated)
+    content = "".join(d.get("content", "") for d in deltas)
+    calls = stream.calls
+    if not content.strip():
+        return None, calls
+    return (content.strip() if calls else content), calls
 
 
 @dataclass
@@ -189,9 +105,10 @@ class ToolCallStream:
     """parse_tool_calls, incrementally: feed() each decoded text delta, then finish(); both return
     OpenAI chat-chunk `delta` dicts in order. See the module docstring for what is guaranteed."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        self._names = frozenset(names)   # offered tools: a JSON object calling one of them is a call too
         self._buf = ""          # text read but not yet turned into deltas
-        self._state = "text"    # text | head | held | args | tail
+        self._state = "text"    # text | head | held | json | args | tail
         self._pending_ws = ""   # trailing whitespace of the content so far: dropped if calls follow
         self._calls: list[_StreamedCall] = []
         self._out: list[dict] = []
@@ -218,9 +135,11 @@ class ToolCallStream:
             self._content("" if truncated and OPEN.startswith(self._buf) else self._buf)
         elif self._state in ("head", "held"):
             self._content("" if truncated else OPEN + self._buf)
+        elif self._state == "json":
+            self._content("" if truncated else self._buf)
         elif self._state == "args":  # cut off inside the arguments: they are what the model wrote
             self._arguments("" if truncated and CLOSE.startswith(self._buf) else self._buf)
-        elif self._state == "tail" and not truncated and not _closing_prefix(self._buf):
+        elif self._state == "tail" and not truncated and not closing_prefix(self._buf):
             self._content(self._buf)
         self._buf, self._state = "", "text"
         if not self._calls and self._pending_ws:
@@ -240,14 +159,23 @@ class ToolCallStream:
             return self._step_head()
         if self._state == "held":
             return self._step_held()
+        if self._state == "json":
+            return self._step_json()
         if self._state == "args":
             return self._step_args()
         return self._step_tail()
 
     def _step_text(self) -> bool:
         start = self._buf.find(OPEN)
+        json_at = json_start(self._buf, start) if self._names else -1
+        if json_at >= 0:  # a fence or an object, before any tag: maybe a call in JSON form
+            self._content(self._buf[:json_at])
+            self._buf, self._state = self._buf[json_at:], "json"
+            return True
         if start < 0:
-            keep = _partial_suffix(self._buf, OPEN)  # maybe the start of a tag: wait for more
+            keep = partial_suffix(self._buf, OPEN)  # maybe the start of a tag: wait for more
+            if self._names:
+                keep = max(keep, partial_suffix(self._buf, FENCE))
             self._content(self._buf[:len(self._buf) - keep])
             self._buf = self._buf[len(self._buf) - keep:]
             return False
@@ -255,9 +183,39 @@ class ToolCallStream:
         self._buf, self._state = self._buf[start + len(OPEN):], "head"
         return True
 
+    def _step_json(self) -> bool:
+        """A fence or brace that may open a call in JSON form: text as soon as it cannot; else held
+        until its object closes, then a call only if the whole object is one (so a model that adds
+        keys beside the arguments, say its own made-up "response", keeps that text)."""
+        verdict, _, _, form = match_json_head(self._buf, self._names)
+        if verdict == "no":  # its first character is text; look for a call again after it
+            self._content(self._buf[0])
+            self._buf, self._state = self._buf[1:], "text"
+            return True
+        start = self._buf.find("{")
+        end = object_end(self._buf, start) if verdict == "ok" else -1
+        if end < 0:
+            return False
+        rest = self._buf[end:]
+        if form == "fence":  # its closing fence, once it is clear whether one follows
+            after = rest.lstrip(JSON_WS)
+            if FENCE.startswith(after) and len(after) < len(FENCE):
+                return False
+            if after.startswith(FENCE):
+                rest = after[len(FENCE):]
+        call = parse_json_call(self._buf[start:end], self._names)
+        if call is None:
+            self._content(self._buf[:end])
+            rest = self._buf[end:]
+        else:
+            self._start_call(call[0])
+            self._arguments(call[1])
+        self._buf, self._state = rest, "text"
+        return True
+
     def _step_head(self) -> bool:
         close = self._buf.find(CLOSE)
-        verdict, name, brace = _match_head(self._buf if close < 0 else self._buf[:close])
+        verdict, name, brace = match_head(self._buf if close < 0 else self._buf[:close])
         if verdict == "ok":
             self._start_call(name)
             self._buf, self._state = self._buf[brace:], "args"
@@ -272,7 +230,7 @@ class ToolCallStream:
         close = self._buf.find(CLOSE)
         if close < 0:
             return False
-        parsed = _parse_body(self._buf[:close])
+        parsed = parse_body(self._buf[:close])
         if parsed is None:
             self._content(OPEN + self._buf[:close + len(CLOSE)])
         else:
@@ -283,7 +241,7 @@ class ToolCallStream:
 
     def _step_args(self) -> bool:
         close = self._buf.find(CLOSE)
-        limit = close if close >= 0 else len(self._buf) - _partial_suffix(self._buf, CLOSE)
+        limit = close if close >= 0 else len(self._buf) - partial_suffix(self._buf, CLOSE)
         end = self._scan_arguments(self._buf[:limit])
         if end >= 0:
             self._arguments(self._buf[:end])
@@ -323,7 +281,7 @@ class ToolCallStream:
         if close < 0:
             return False
         tail = self._buf[:close]
-        if tail.strip(_JSON_WS) != "}":
+        if tail.strip(JSON_WS) != "}":
             self._content(tail + CLOSE)  # not the expected `}`: keep the text
         self._buf, self._state = self._buf[close + len(CLOSE):], "text"
         return True
@@ -358,11 +316,3 @@ class ToolCallStream:
             self._out[-1]["content"] += text
         else:
             self._out.append({"content": text})
-
-
-def _closing_prefix(s: str) -> bool:
-    """Whether `s` may be the start of what follows a call's arguments: `}`, whitespace, CLOSE."""
-    rest = s.lstrip(_JSON_WS)
-    if rest.startswith("}"):
-        rest = rest[1:].lstrip(_JSON_WS)
-    return CLOSE.startswith(rest)

@@ -8,15 +8,13 @@ The model calls a tool by writing, one block per call (several separated by "\\n
 
 - check_tools(tools): validates a request's OpenAI `tools` and returns their function dicts
   ({"name", "parameters"} and "description" when given). ValueError names the bad field.
-- tool_grammar(functions, required_name, parallel): a StructuredOutput("grammar", <Lark text for
-  llguidance>) that forces the output to be one call (or, with parallel, one to MAX_PARALLEL_CALLS
-  separated by "\\n") to one of the functions (only `required_name` when given), with arguments matching that
-  function's `parameters` schema, written as json.dumps writes them (", " and ": "). A function whose
-  schema declares no properties (or has no `parameters`) takes no arguments: its arguments are `{}`.
 - tool_messages(messages): OpenAI chat messages made ready for the chat template (assistant
   `tool_calls[*].function.arguments` JSON strings parsed into dicts, which the template `tojson`s).
+- with_answer_format(messages, answer): the conversation with the system message telling the model
+  the JSON its final answer must take, when a response_format goes with tools.
 
-Reading calls back out of the output, whole or streamed, is tool_calls.py.
+The grammars of tool_choice are tool_grammar.py; reading calls back out of the output, whole or
+streamed, is tool_calls.py.
 """
 from __future__ import annotations
 
@@ -26,17 +24,9 @@ import re
 from typing import Any
 
 from specdec.sampling_params import StructuredOutput
-from specdec.server.tool_calls import CLOSE, OPEN
+from specdec.server.tool_scan import CLOSE, OPEN
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-_TAG = re.compile(r"<[^<>\s]+>")  # llguidance Lark's reference to a special token
-# what the chat template's tojson (json.dumps) writes, so forced calls look like the model's own
-_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
-_EMPTY_SCHEMA_KEYS = {"type", "properties", "required", "title", "description", "$schema"}
-# a required call's grammar ends after the last call it allows, so the model must stop there: one
-# call without parallel_tool_calls, at most this many with it (a model cannot loop on calls forever)
-MAX_PARALLEL_CALLS = 16
 
 
 # ---- request side -----------------------------------------------------------------------------
@@ -84,48 +74,6 @@ def _check_tool(tool: Any, where: str) -> dict:
     return checked
 
 
-def tool_grammar(functions: list[dict], required_name: str | None, parallel: bool, *,
-                 open_tag: str = OPEN, close_tag: str = CLOSE, tags_are_tokens: bool = True) -> StructuredOutput:
-    """A Lark grammar (llguidance dialect) forcing one tool call, or with `parallel` one to
-    MAX_PARALLEL_CALLS separated by "\\n", to `required_name` if given, else to any of `functions`.
-    `open_tag` and `close_tag` are the special tokens around a call, as the tokenizer names them
-    (`tags_are_tokens` False: a vocabulary without them, where they are plain text). Raises ValueError."""
-    for tag in (open_tag, close_tag):
-        if not _TAG.fullmatch(tag):
-            raise ValueError(f"a tool call tag must be a special token's name like <tool_call>, got {tag!r}")
-    if not tags_are_tokens:
-        open_tag, close_tag = json.dumps(open_tag), json.dumps(close_tag)
-    if required_name is not None:
-        functions = [f for f in functions if f.get("name") == required_name]
-        if not functions:
-            raise ValueError(f"tool_choice names function {required_name!r}, which is not among the tools")
-    if not functions:
-        raise ValueError("no tools to call")
-    alternatives = " | ".join(f"fn_{i}" for i in range(len(functions)))
-    lines = [f'start: call ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "start: call",
-             f'call: {open_tag} "\\n" ({alternatives}) "\\n" {close_tag}']
-    for i, fn in enumerate(functions):
-        lines += _function_rules(i, fn)
-    return StructuredOutput("grammar", "\n".join(lines) + "\n")
-
-
-def _function_rules(i: int, fn: dict) -> list[str]:
-    name = fn.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"function name {name!r} is not 1-64 characters of a-z, A-Z, 0-9, _ and -")
-    # a literal head and a schema for the arguments alone, so "#/$defs/..." refs in them still resolve
-    head = json.dumps(f'{{"name": "{name}", "arguments": ')
-    return [f'fn_{i}: {head} args_{i} "}}"',
-            f"args_{i}: %json {json.dumps(_arguments_schema(fn.get('parameters')))}"]
-
-
-def _arguments_schema(params: dict | None) -> dict:
-    if params is None or (not params.get("properties") and not params.get("required")
-                          and set(params) <= _EMPTY_SCHEMA_KEYS):
-        return {**_NO_ARGUMENTS, "x-guidance": _JSON_STYLE}  # no parameters declared: none taken
-    return {**params, "x-guidance": _JSON_STYLE}
-
-
 def vocab_has_call_tags(tokenizer) -> bool:
     """Whether the vocabulary has the call tags as single tokens (Qwen2.5 does)."""
     return all(len(tokenizer.encode(tag, add_special_tokens=False)) == 1 for tag in (OPEN, CLOSE))
@@ -143,6 +91,28 @@ def tool_messages(messages: list[dict]) -> list[dict]:
             if not isinstance(fn, dict):
                 raise ValueError(f"messages[{i}].tool_calls[{j}].function must be an object")
             fn["arguments"] = _arguments_object(fn.get("arguments"), f"messages[{i}].tool_calls[{j}].function.arguments")
+    return out
+
+
+def with_answer_format(messages: list[dict], answer: StructuredOutput) -> list[dict]:
+    """`messages` with the answer's format added to the system message (one is put first if there is
+    none) once a tool's result is in the conversation; unchanged before. OpenAI's models see a
+    response_format's schema too. Held to "a call or this JSON", the 1.5B told the JSON from the
+    start answers at once with made-up values; never told it, it calls the same tool again and
+    again after the result. Told once the result is in, it calls, then answers from the result."""
+    if not any(m.get("role") == "tool" for m in messages):
+        return messages
+    if answer.kind == "json_schema":
+        schema = json.loads(answer.spec) if isinstance(answer.spec, str) else answer.spec
+        note = ("When you answer without calling a tool, reply with only a JSON object that follows this "
+                f"JSON schema: {json.dumps(schema, ensure_ascii=False)}")
+    else:
+        note = "When you answer without calling a tool, reply with only a JSON object."
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0].get('content') or ''}\n\n{note}".lstrip()
+    else:
+        out.insert(0, {"role": "system", "content": note})
     return out
 
 
