@@ -190,6 +190,10 @@ def test_affinity_text_of_requests():
                          {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
     assert affinity_text("/v1/chat/completions", json.dumps(chat).encode()) == "<system>be brief\x1e<user>hi\x1e"
     assert affinity_text("/v1/completions", b'{"prompt": "def f():"}') == "def f():"
+    response = {"instructions": "be brief", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                                                      {"type": "function_call_output", "call_id": "c", "output": "3"}]}
+    assert affinity_text("/v1/responses", json.dumps(response).encode()) == "<system>be brief\x1e<user>hi\x1e"
+    assert affinity_text("/v1/responses", b'{"input": "hi"}') == "<user>hi\x1e"
     assert affinity_text("/v1/completions", b'{"prompt": ["first", "second"]}') == "first"
     assert affinity_text("/v1/completions", b'{"prompt": [1, 2, 3]}') == "[1, 2, 3]"
     # a cache scope comes first: requests of other scopes share no piece, so they do not follow each other

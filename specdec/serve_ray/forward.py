@@ -43,10 +43,11 @@ def forwarded_headers(raw: Headers, body: bytes) -> Headers:
 
 def affinity_text(path: str, body: bytes, key_scope: str = "") -> str:
     """The text a generation request starts with: the completion prompt, or the chat messages in
-    order (role and content), as the chat template lays them out; after its cache scope (the API
+    order (role and content), as the chat template lays them out (a Responses request's
+    instructions and input items as the chat messages they become); after its cache scope (the API
     key's, `key_scope`, and the request's cache_salt), so that requests follow each other to a
     replica only where they could share its caches. Empty for anything else."""
-    if path not in ("/v1/completions", "/v1/chat/completions") or not body:
+    if path not in ("/v1/completions", "/v1/chat/completions", "/v1/responses") or not body:
         return ""
     try:
         doc = json.loads(body)
@@ -64,11 +65,24 @@ def _prompt_text(path: str, doc: dict) -> str:
         prompt = doc.get("prompt")
         prompt = prompt[0] if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else prompt
         return prompt if isinstance(prompt, str) else json.dumps(prompt)
-    messages = doc.get("messages")
+    messages = doc.get("messages") if path != "/v1/responses" else _response_messages(doc)
     if not isinstance(messages, list):
         return ""
     return "".join(f"<{m.get('role')}>{_content_text(m.get('content'))}{SEPARATOR}" for m in messages
                    if isinstance(m, dict))
+
+
+def _response_messages(doc: dict) -> list[dict] | None:
+    """A Responses request's instructions and message items as chat messages (calls and their
+    outputs carry no text the prefix needs)."""
+    items = doc.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        return None
+    instructions = doc.get("instructions")
+    head = [{"role": "system", "content": instructions}] if isinstance(instructions, str) else []
+    return head + [i for i in items if isinstance(i, dict) and "role" in i]
 
 
 def _content_text(content) -> str:
