@@ -21,7 +21,7 @@ from specdec.server.async_engine import RequestFailed, RequestStream
 from specdec.server.middleware import AccessRecord
 from specdec.server.render import Sub
 from specdec.server.responses_render import call_item, completed, item_id, message_item, text_part
-from specdec.server.streaming import Render, close_all, record_usage
+from specdec.server.streaming import Render, close_all, record_usage, sse_response
 
 
 class ResponseEvents:
@@ -129,5 +129,4 @@ def response_events(streams: list[RequestStream], subs: list[Sub], record: Acces
         finally:  # the client went away (Starlette cancels us), a request failed, or we are done
             close_all(streams)
             record_usage(record, subs, [] if last is None else [last])
-    return StreamingResponse(sse(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return sse_response(sse())

@@ -48,7 +48,12 @@ def event_stream(streams: list[RequestStream], subs: list[Sub], envelope: dict, 
             if record is not None:
                 record_usage(record, subs, [last[i] for i in sorted(last)])
         yield "data: [DONE]\n\n"
-    return StreamingResponse(events(), media_type="text/event-stream",
+    return sse_response(events())
+
+
+def sse_response(events) -> StreamingResponse:
+    """Server-sent events from an async iterator of encoded events, unbuffered by proxies."""
+    return StreamingResponse(events, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

@@ -37,10 +37,10 @@ from specdec.server.tool_scan import (
     closing_prefix,
     json_start,
     match_head,
+    JSON_FORM_KEYS,
     match_json_head,
     object_end,
-    parse_body,
-    parse_json_call,
+    parse_call,
     partial_suffix,
 )
 
@@ -68,7 +68,7 @@ def parse_tool_calls(text: str, truncated: bool = False, names: Iterable[str] = 
             if truncated:  # an incomplete call: neither a call nor content
                 text = text[:start]
             break  # unterminated: stays text
-        parsed = parse_body(text[start + len(OPEN):end])
+        parsed = parse_call(text[start + len(OPEN):end])
         if parsed is None:
             content.append(text[pos:end + len(CLOSE)])
         else:
@@ -78,20 +78,20 @@ def parse_tool_calls(text: str, truncated: bool = False, names: Iterable[str] = 
     if truncated:  # the start of a tag the cut-off left unfinished
         text = text[:len(text) - partial_suffix(text[pos:], OPEN)]
     content.append(text[pos:])
-    joined = "".join(content)
-    if not joined.strip():
+    return _result("".join(content), calls)
+
+
+def _result(content: str, calls: list[dict]) -> tuple[str | None, list[dict]]:
+    """Content None when only whitespace remains, stripped when there are calls."""
+    if not content.strip():
         return None, calls
-    return (joined.strip() if calls else joined), calls
+    return (content.strip() if calls else content), calls
 
 
 def _parse_as_streamed(text: str, truncated: bool, names: Iterable[str]) -> tuple[str | None, list[dict]]:
     stream = ToolCallStream(names)
     deltas = stream.feed(text) + stream.finish(truncated)
-    content = "".join(d.get("content", "") for d in deltas)
-    calls = stream.calls
-    if not content.strip():
-        return None, calls
-    return (content.strip() if calls else content), calls
+    return _result("".join(d.get("content", "") for d in deltas), stream.calls)
 
 
 @dataclass
@@ -203,7 +203,7 @@ class ToolCallStream:
                 return False
             if after.startswith(FENCE):
                 rest = after[len(FENCE):]
-        call = parse_json_call(self._buf[start:end], self._names)
+        call = parse_call(self._buf[start:end], JSON_FORM_KEYS, self._names)
         if call is None:
             self._content(self._buf[:end])
             rest = self._buf[end:]
@@ -230,7 +230,7 @@ class ToolCallStream:
         close = self._buf.find(CLOSE)
         if close < 0:
             return False
-        parsed = parse_body(self._buf[:close])
+        parsed = parse_call(self._buf[:close])
         if parsed is None:
             self._content(OPEN + self._buf[:close + len(CLOSE)])
         else:

@@ -22,8 +22,8 @@ import re
 
 from specdec.sampling_params import StructuredOutput
 from specdec.server.tool_scan import CLOSE, OPEN
+from specdec.server.tools import TOOL_NAME
 
-_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _TAG = re.compile(r"<[^<>\s]+>")  # llguidance Lark's reference to a special token
 # what the chat template's tojson (json.dumps) writes, so forced calls look like the model's own
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -104,7 +104,7 @@ def _tagged_rules(functions: list[dict], tags: tuple[str, str]) -> list[str]:
     lines = [f'tagged: {tags[0]} "\\n" ({alternatives}) "\\n" {tags[1]}']
     for i, fn in enumerate(functions):
         name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
             raise ValueError(f"function name {name!r} is not 1-64 characters of a-z, A-Z, 0-9, _ and -")
         # a literal head and a schema for the arguments alone, so "#/$defs/..." refs in them still resolve
         head = json.dumps(f'{{"name": "{name}", "arguments": ')

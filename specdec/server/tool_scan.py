@@ -10,6 +10,7 @@ OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 FENCE = "```"
 JSON_WS = " \t\n\r"
+JSON_FORM_KEYS = ("arguments", "parameters")   # what a call in JSON form may name its arguments
 
 
 def _reject_constant(name: str) -> Any:
@@ -19,19 +20,22 @@ def _reject_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def parse_body(body: str) -> tuple[str, str] | None:
-    """(name, raw arguments JSON) of a block's body, or None when it is not a call."""
+def parse_call(obj: str, keys: tuple[str, ...] = ("arguments",), names: frozenset[str] | None = None
+               ) -> tuple[str, str] | None:
+    """(name, raw arguments JSON) when `obj` is exactly one call: the keys "name" (a non-empty string;
+    one of `names` when given) and one of `keys` (an object), nothing else; None otherwise. A tagged
+    block's body takes "arguments"; a call in JSON form "arguments" or "parameters"."""
     try:
-        fields = object_fields(body)
+        fields = object_fields(obj)
     except (ValueError, RecursionError):
         return None
-    if fields is None or set(fields) != {"name", "arguments"}:
+    key = next((k for k in keys if fields and k in fields), None)
+    if key is None or set(fields) != {"name", key}:
         return None
-    name, _, _ = fields["name"]
-    arguments, start, end = fields["arguments"]
-    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
+    name, (arguments, start, end) = fields["name"][0], fields[key]
+    if not isinstance(name, str) or not name or (names is not None and name not in names):
         return None
-    return name, body[start:end]
+    return (name, obj[start:end]) if isinstance(arguments, dict) else None
 
 
 def object_fields(s: str) -> dict[str, tuple[Any, int, int]] | None:
@@ -156,24 +160,6 @@ def object_end(s: str, i: int) -> int:
     return -1
 
 
-def parse_json_call(obj: str, names: frozenset[str]) -> tuple[str, str] | None:
-    """(name, raw arguments JSON) when `obj` is exactly a call in JSON form: the keys "name" (one of
-    `names`) and "arguments" or "parameters" (an object), nothing else; None otherwise."""
-    try:
-        fields = object_fields(obj)
-    except (ValueError, RecursionError):
-        return None
-    if fields is None or len(fields) != 2 or "name" not in fields:
-        return None
-    key = "arguments" if "arguments" in fields else "parameters"
-    if key not in fields:
-        return None
-    name, arguments = fields["name"][0], fields[key]
-    if name not in names or not isinstance(arguments[0], dict):
-        return None
-    return name, obj[arguments[1]:arguments[2]]
-
-
 def json_start(s: str, before: int) -> int:
     """The first place in `s` (before index `before`, when that is >= 0) where a call in JSON
     form may start: a fence or an opening brace; -1 if none."""
@@ -192,7 +178,7 @@ def match_json_head(s: str, names: frozenset[str]) -> tuple[str, str, int, str]:
     if s.startswith(FENCE):
         i, form = len(FENCE), "fence"
         label = s[i:i + 4]
-        if not "json".startswith(label) and not label.startswith("json") and label[:1] not in JSON_WS + "{":
+        if not "json".startswith(label) and label[:1] not in JSON_WS + "{":
             return "no", "", 0, form
         if s[i:i + 4] == "json":
             i += 4
@@ -201,7 +187,7 @@ def match_json_head(s: str, names: frozenset[str]) -> tuple[str, str, int, str]:
         i = skip_ws(s, i)
         if i == len(s):
             return "more", "", 0, form
-    verdict, name, brace = match_head(s[i:], keys=("arguments", "parameters"))
+    verdict, name, brace = match_head(s[i:], keys=JSON_FORM_KEYS)
     if verdict == "ok" and name not in names:
         return "no", "", 0, form
     return verdict, name, i + brace, form

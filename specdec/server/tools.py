@@ -26,7 +26,7 @@ from typing import Any
 from specdec.sampling_params import StructuredOutput
 from specdec.server.tool_scan import CLOSE, OPEN
 
-_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")   # OpenAI's rule for a function's name
 
 
 # ---- request side -----------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def _check_tool(tool: Any, where: str) -> dict:
     if not isinstance(fn, dict):
         raise ValueError(f"{where}.function must be an object")
     name = fn.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
         raise ValueError(f"{where}.function.name must be 1-64 characters of a-z, A-Z, 0-9, _ and -, got {name!r}")
     description = fn.get("description")
     if description is not None and not isinstance(description, str):

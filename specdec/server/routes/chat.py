@@ -88,7 +88,8 @@ class ChatRun:
 
 
 async def _tool_plan(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[ToolPlan | None, StructuredOutput | None]:
-    """(the tools in play, the request's own constraint when no tool grammar takes it in)."""
+    """(the tools in play, the constraint the output is held to: the tools' grammar, or without
+    tools the request's own)."""
     asked = await requested_structure(ctx, body)
     choice = body.tool_choice or ("auto" if body.tools else "none")
     if not body.tools:
@@ -115,7 +116,7 @@ async def _tool_plan(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[T
     except ValueError as e:
         raise APIError(400, str(e), "tools" if isinstance(choice, str) else "tool_choice") from None
     grammar = await compile_structured(ctx, grammar, "tools")
-    return ToolPlan(tools, tuple(f["name"] for f in functions), grammar, asked), None
+    return ToolPlan(tools, tuple(f["name"] for f in functions), grammar, asked), grammar
 
 
 def finish_reason(out: RequestOutput, calls: list | None) -> str | None:
@@ -160,8 +161,6 @@ async def start_chat(ctx: ServerContext, body: ChatCompletionRequest, request: R
     ctx.admit(body.model)
     check_request(ctx, body)
     plan, structured = await _tool_plan(ctx, body)
-    if plan is not None:
-        structured = plan.grammar
     ids, max_tokens = prepare(ctx, chat_prompt_ids(ctx, body.messages, plan and plan.tools,
                                                    answer=plan and plan.answer), body.requested_max_tokens(), "messages")
     subs = [Sub(j, 0, len(ids), "") for j in range(body.n)]
