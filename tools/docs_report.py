@@ -518,7 +518,14 @@ def view_tool_speed(data: dict) -> str:
             ["ratio (per round)", spread(r, 2, "×")]]
     return (table(["", "tokens/s, median (min–max)"], rows)
             + f"\n\n{rounds[0]['tokens']} tokens a call, {rounds[0]['forced_accepted']} of them grammar-forced "
-              f"drafts; {len(rounds)} rounds, `{data['precision']}`.")
+              f"drafts; {len(rounds)} rounds, `{data['precision']}`." + _ceiling_note(data.get("ceiling")))
+
+
+def _ceiling_note(roof: dict | None) -> str:
+    if not roof:
+        return ""
+    return (f" One token a target step could reach at most {roof['ceiling_tokens_per_second']:.1f} tokens/s here "
+            f"({roof['bandwidth_gb_s']:.1f} GB/s read, {roof['weight_bytes_per_token'] / 1e6:.0f} MB a step).")
 
 
 def view_replicas(data: dict) -> str:

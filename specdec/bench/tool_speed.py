@@ -3,7 +3,8 @@
 A named or required call's name, keys and punctuation are forced by its grammar and travel as free
 drafts, so a constrained call should decode faster than the same number of unconstrained tokens.
 Both run on one engine (the default pair, speculation as configured), alternated over rounds;
-the report gives each side's median tokens/s with min-max and the per-round ratio. JSON out.
+the report gives each side's median tokens/s with min-max and the per-round ratio, beside the
+machine's plain-decode memory ceiling (read bandwidth over the bytes one target step reads). JSON out.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def _round(llm, ids: list[int], grammar) -> dict:
 
 
 def run(rounds: int, machine: str) -> dict:
+    from specdec.bench.bandwidth import ceiling, measure_read_bandwidth
     from specdec.llm import LLM
     from specdec.config import EngineConfig, ModelConfig, SpeculativeConfig
     from specdec.server.tool_grammar import call_grammar
@@ -41,6 +43,8 @@ def run(rounds: int, machine: str) -> dict:
     config = EngineConfig(model=ModelConfig(), speculative=SpeculativeConfig(
         method="draft_model", draft_model="qwen2.5-coder-0.5b-instruct"))
     llm = LLM(config=config, progress=False)
+    target = llm.engine.loaded
+    roof = ceiling(measure_read_bandwidth(), target.weights, target.config.tie_embeddings, target.path)
     tok = llm.tokenizer
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": QUESTION}], tools=[WEATHER]),
                      add_special_tokens=False)
@@ -53,7 +57,7 @@ def run(rounds: int, machine: str) -> dict:
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
     return {"bench": "tool_speed", "command": f"python -m specdec.bench.tool_speed --rounds {rounds}", "machine": machine, "python": platform.python_version(),
             "precision": llm.engine.precision,
-            "rounds": per_round, "constrained_tok_s": stat("constrained_tok_s"), "free_tok_s": stat("free_tok_s"),
+            "ceiling": roof, "rounds": per_round, "constrained_tok_s": stat("constrained_tok_s"), "free_tok_s": stat("free_tok_s"),
             "ratio": stat("ratio")}
 
 
@@ -67,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(Path(a.out), json.dumps(report, indent=1))
     r, c, f = report["ratio"], report["constrained_tok_s"], report["free_tok_s"]
     print(f"named call: constrained {c['median']:.1f} tok/s [{c['min']:.1f}-{c['max']:.1f}], free {f['median']:.1f} "
-          f"[{f['min']:.1f}-{f['max']:.1f}], ratio {r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]")
+          f"[{f['min']:.1f}-{f['max']:.1f}], ratio {r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]; plain-decode "
+          f"ceiling {report['ceiling']['ceiling_tokens_per_second']:.1f} tok/s ({report['ceiling']['bandwidth_gb_s']:.1f} GB/s)")
     return 0
 
 
