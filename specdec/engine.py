@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+import secrets
 import sys
 import time
 from dataclasses import replace
@@ -37,6 +38,7 @@ from specdec.request import (
 from specdec.runner.model_runner import ModelRunner
 from specdec.runner.teacher import teacher_forcing
 from specdec.runner.threads import thread_tuner
+from specdec.sample.noise import noise_key
 from specdec.sample.rejection_sampler import rejection_sample
 from specdec.sample.sampler import request_seed, top_logprobs
 from specdec.sample.structured import GrammarCompiler
@@ -99,9 +101,8 @@ class LLMEngine:
         QueueFull when the waiting queue is at its limit. `background`: low priority (admitted only
         when no other request waits, preempted first)."""
         params = params or SamplingParams()
-        if params.seed is None and self.config.model.seed is not None:
-            # drawn from the engine's seed in arrival order, so the same run reproduces (target and draft draws)
-            params = replace(params, seed=request_seed(self.config.model.seed, next(self._seeds)))
+        if params.seed is None:  # recorded in its stats, so that any output can be replayed
+            params = replace(params, seed=self.draw_seed())
         if isinstance(prompt, str):
             ids, text = self.tokenizer.encode(prompt), prompt
         else:
@@ -118,9 +119,11 @@ class LLMEngine:
             raise ValueError(f"duplicate request id {request_id!r}")
         grammar = self.grammars.matcher(params.structured) if params.structured is not None else None
         method, domain = self._assign(speculative, ids, text)
+        coupled = not params.greedy and self.config.sampling.coupling == "gumbel"
         req = Request(request_id, text, ids, params, spec_method=method,
                       spec_max_k=speculative.max_k if speculative else None, spec_domain=domain,
-                      spec_history=[method] if method else [], background=background, grammar=grammar)
+                      spec_history=[method] if method else [], background=background, grammar=grammar,
+                      noise_key=noise_key(params.seed, params.choice) if coupled else None)
         self.scheduler.add_request(req)  # validates length and KV-pool fit
         if method is not None:
             self.speculator.admitted(method)
@@ -128,6 +131,13 @@ class LLMEngine:
         self.output_processor.add(req)
         self.verifier.add(request_id, params.seed)
         return req
+
+    def draw_seed(self) -> int:
+        """A seed for a request that brings none: from the engine's seed in arrival order (so a run
+        reproduces), else from the OS."""
+        if self.config.model.seed is not None:
+            return request_seed(self.config.model.seed, next(self._seeds))
+        return secrets.randbits(63)
 
     def _assign(self, opts: SpecOptions | None, ids: list[int], text: str | None
                 ) -> tuple[str | None, str | None]:

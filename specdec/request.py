@@ -69,6 +69,7 @@ class Request:
     background: bool = False         # low priority (shadow A/B): admitted when nothing else waits
     fork_of: str | None = None       # a queued request with the same prompt, whose prompt K/V it will share
     grammar: GrammarState | None = None  # its structured output's state (the one owner of its matcher)
+    noise_key: int | None = None     # sampled and Gumbel-coupled: the key of its positional noise (sample/noise.py)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -115,6 +116,8 @@ class RequestStats:
     mask_seconds: float = 0.0              # computing the grammar's token masks (target and draft rows)
     num_masks: int = 0
     cached_prompt_tokens: int = 0          # prompt tokens the prefix cache held (not computed again)
+    seed: int | None = None                # the request's seed (its own, or the one the engine drew for it)
+    coupling: str | None = None            # how its sampled tokens were verified: "gumbel" | "rejection"; None: greedy
 
     @classmethod
     def from_request(cls, req: Request, precision: str, method: str = "none", proposer: str | None = None,
@@ -138,6 +141,8 @@ class RequestStats:
             proposer=proposer,
             proposers_used=proposers_used or ([proposer] if proposer else []),
             domain=req.spec_domain,
+            seed=req.params.seed,
+            coupling=None if req.params.greedy else ("gumbel" if req.noise_key is not None else "rejection"),
             drafted_tokens=req.spec.drafted_tokens,
             accepted_tokens=req.spec.accepted_tokens,
             acceptance_rate=req.spec.acceptance_rate,

@@ -62,7 +62,11 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # over prompt and output (CTRL-style: divide positive logits)
     presence_penalty: float = 0.0    # over output
     frequency_penalty: float = 0.0   # over output
+    # a seed fixes the request's noise at every output position (with `choice`: which of a request's n
+    # choices this is), so the same seed gives the same text with or without speculation; None: the
+    # engine draws one and records it (RequestStats.seed)
     seed: int | None = None
+    choice: int = 0
     max_tokens: int = 128
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -103,6 +107,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {value}")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.choice, int) or isinstance(self.choice, bool) or self.choice < 0:
+            raise ValueError(f"choice must be a non-negative integer, got {self.choice!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if any(not isinstance(s, str) or s == "" for s in self.stop):

@@ -69,11 +69,12 @@ class RayServer(ServerProcess):
         return left
 
 
-def config_yaml(serving: str, max_body: int = 1 << 20) -> str:
+def config_yaml(serving: str, max_body: int = 1 << 20, server: str = "") -> str:
+    """`server`: more lines of the server section (indented)."""
     return (f"execution_config:\n  target_model: {SMOLLM}\n  precision: float32\n  draft_model: ngram\n"
             f"  speculation_length: 3\n  max_batch_size: 8\n  max_queued_requests: 32\n"
             f"  cache_config:\n    target_cache_blocks: 512\n"
-            f"server:\n  max_body_bytes: {max_body}\n  drain_seconds: 2\n"
+            f"server:\n  max_body_bytes: {max_body}\n  drain_seconds: 2\n{server}"
             f"serving:\n{serving}")
 
 
@@ -126,14 +127,27 @@ PROXY_ANSWERS = {name: (400, "text/plain; charset=utf-8", b"Invalid HTTP request
                               "space_in_header_name", "nul_in_header_value", "huge_request_target")}
 
 
-def probe(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send raw bytes; (status, the headers that matter, body)."""
+def probe(port: int, request: bytes, attempts: int = 5) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes; (status, the headers that matter, body). A server that answers and closes with
+    part of the request unread (a huge header) resets the connection, and a reset that arrives before
+    the answer is read discards it (TCP): then the probe is sent again."""
+    for attempt in range(attempts):
+        try:
+            answer = _exchange(port, request)
+            break
+        except ConnectionResetError:
+            if attempt == attempts - 1:
+                raise
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), {k: headers[k] for k in ("content-type", "allow") if k in headers}, body
+
+
+def _exchange(port: int, request: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         sock.sendall(request)
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return int(lines[0].split()[1]), {k: headers[k] for k in ("content-type", "allow") if k in headers}, body
+    return answer

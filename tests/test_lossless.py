@@ -156,7 +156,8 @@ def test_broken_sampler_fails(qwen05_loaded, correct_report, torch_threads):
     t0 = time.perf_counter()
     report = check_lossless(qwen05_loaded, DEFAULT_PROMPTS[:1], method="ngram", k=3,
                             num_samples=BROKEN_SAMPLES, positions=(2, 3), seed=0, num_threads=torch_threads,
-                            progress=False, plain=correct_report.plain, sampler=always_accept)
+                            progress=False, plain=correct_report.plain, sampler=always_accept,
+                            coupling="rejection")
     print(f"\nbroken sampler: {time.perf_counter() - t0:.0f}s\n{report.table()}\n{report.verdict()}")
     assert not report.passed
     assert report.min_p_value < 1e-8

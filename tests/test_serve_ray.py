@@ -132,6 +132,27 @@ def test_hostile_requests_get_the_single_process_answers(cluster, single):
             assert ours == theirs, name
 
 
+def test_seeded_sampling_reproduces_through_the_replicas(cluster, single, offline):
+    """n = 2 at temperature 0.8 with a seed: the same choices speculative or plain, through either
+    replica, from the single process and from the offline engine (choice j: noise keyed by (seed, j))."""
+    prompt = "red, green, blue, red, green, blue, red, green, blue, red,"
+
+    def ask(server, **extra):
+        out = server.client().completions.create(model=SMOLLM, prompt=prompt, max_tokens=24, temperature=0.8,
+                                                 seed=4242, n=2, extra_body=extra or None)
+        return [ch.text for ch in sorted(out.choices, key=lambda ch: ch.index)], out.model_extra["speculative"]
+
+    texts, spec = ask(cluster)
+    assert spec["seed"] == 4242 and spec["coupling"] == "gumbel" and spec["drafted_tokens"] > 0
+    assert texts[0] != texts[1]
+    assert ask(cluster)[0] == texts
+    assert ask(cluster, speculative={"enabled": False})[0] == texts
+    assert ask(single)[0] == texts
+    offline_texts = [o.text for o in offline.generate(
+        [prompt] * 2, [SamplingParams(temperature=0.8, max_tokens=24, seed=4242, choice=j) for j in (0, 1)])]
+    assert offline_texts == texts
+
+
 def test_metrics_per_replica_and_summed(cluster):
     deadline = time.time() + 10
     while True:  # each replica pushes its page every second

@@ -187,6 +187,15 @@ speculative:
     s.stop()
 
 
+def _concurrently(run, n: int) -> None:
+    """run(i) for i < n, each on its own thread, all at once."""
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+
+
 def test_preemption_leaves_outputs_unchanged(preempting_server, tiny_qwen):
     prompts = [f"request {i}: " + "the cat sat on the mat " * (1 + i % 3) for i in range(8)]
     results: dict[int, str] = {}
@@ -196,11 +205,7 @@ def test_preemption_leaves_outputs_unchanged(preempting_server, tiny_qwen):
                                                              temperature=0, extra_body={"ignore_eos": True})
         results[i] = out.choices[0].text
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    _concurrently(run, len(prompts))
     offline = LLM(config=engine_config(str(tiny_qwen)), progress=False)
     ref = offline.generate(prompts, SamplingParams(max_tokens=60, ignore_eos=True))
     assert [results[i] for i in range(len(prompts))] == [o.text for o in ref]
@@ -208,6 +213,32 @@ def test_preemption_leaves_outputs_unchanged(preempting_server, tiny_qwen):
     assert m["specdec_preemptions_total"] > 0
     assert m['specdec_kv_blocks_used{pool="target"}'] == 0 and m['specdec_kv_blocks_used{pool="draft:tiny-llama.gguf"}'] == 0
     assert sum(v for k, v in m.items() if k.startswith("specdec_spec_drafted_tokens_total")) > 0, m
+
+
+def test_seeded_choices_survive_load_and_preemption(preempting_server, tiny_qwen):
+    """Concurrent seeded n = 2 requests, speculative and preempted, answer what one plain offline engine
+    answers for (seed, choice); an unseeded request answers the seed that replays it."""
+    prompts = [f"request {i}: " + "the cat sat on the mat " * (1 + i % 3) for i in range(6)]
+    results: dict[int, list[str]] = {}
+
+    def run(i: int) -> None:
+        out = preempting_server.client().completions.create(
+            model=preempting_server.model, prompt=prompts[i], max_tokens=40, temperature=0.8, top_p=0.95, n=2,
+            seed=100 + i, extra_body={"ignore_eos": True})
+        results[i] = [ch.text for ch in sorted(out.choices, key=lambda ch: ch.index)]
+
+    _concurrently(run, len(prompts))
+    offline = LLM(config=engine_config(str(tiny_qwen)), progress=False)
+    params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, ignore_eos=True, seed=100 + i, choice=j)
+              for i in range(len(prompts)) for j in (0, 1)]
+    ref = [o.text for o in offline.generate([p for p in prompts for _ in (0, 1)], params)]
+    assert [t for i in range(len(prompts)) for t in results[i]] == ref
+    free = preempting_server.client().completions.create(model=preempting_server.model, prompt=prompts[0],
+                                                         max_tokens=20, temperature=1.0)
+    seed = free.model_extra["speculative"]["seed"]
+    again = preempting_server.client().completions.create(model=preempting_server.model, prompt=prompts[0],
+                                                          max_tokens=20, temperature=1.0, seed=seed)
+    assert again.choices[0].text == free.choices[0].text
 
 
 def test_yaml_config(tmp_path):
@@ -230,6 +261,12 @@ def test_yaml_config(tmp_path):
     bad.write_text("execution_config:\n  precision: float32\n  draft_precision: int4-a8\n")
     cfg = load_yaml_config(bad)[0]
     assert cfg.model.precision == "float32" and cfg.speculative.draft.precision == "int4-a8"
+    assert cfg.sampling.coupling == "gumbel"
+    bad.write_text("sampling:\n  coupling: rejection\n")
+    assert load_yaml_config(bad)[0].sampling.coupling == "rejection"
+    bad.write_text("sampling:\n  coupling: gumbell\n")
+    with pytest.raises(ValueError, match=r"sampling\.coupling"):
+        load_yaml_config(bad)
     bad.write_text("execution_config:\n  draft_precision: int3\n")
     with pytest.raises(ValueError, match=r"draft\.precision"):
         load_yaml_config(bad)

@@ -1,5 +1,6 @@
 """Speculative decoding end to end on the real default pair (1.5B target, 0.5B draft) in float32:
-token-for-token equal to plain greedy decoding, whatever k, batch, proposer or policy."""
+token-for-token equal to plain greedy decoding (and seeded sampling to seeded sampling), whatever k,
+batch, proposer or policy."""
 from __future__ import annotations
 
 import pytest
@@ -65,11 +66,17 @@ def test_self_draft_accepts_every_token(qwen05_loaded):
     assert out.stats.drafted_tokens > 0 and out.stats.acceptance_rate == 1.0
 
 
-def test_seeded_sampling_reproducible(qwen15_loaded, qwen05_loaded):
-    params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=12, seed=3, ignore_eos=True)
-    a = make(qwen15_loaded, qwen05_loaded, "draft_model", 3).generate(PROMPTS[:2], params)
-    b = make(qwen15_loaded, qwen05_loaded, "draft_model", 3).generate(PROMPTS[:2], params, batch=False)
-    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+def test_seeded_sampling_equals_seeded_plain(qwen15_loaded, qwen05_loaded):
+    """Gumbel coupling: the same seeded text with the draft model, with suffix drafts and without
+    speculation, batched or alone."""
+    params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=12, seed=3 + i, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    ref = [o.token_ids for o in make(qwen15_loaded).generate(PROMPTS, params)]
+    spec = make(qwen15_loaded, qwen05_loaded, "draft_model", 3)
+    outs = spec.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == ref and sum(o.stats.accepted_tokens for o in outs) > 0
+    assert spec.generate(PROMPTS[1:2], params[1:2], batch=False)[0].token_ids == ref[1]
+    assert [o.token_ids for o in make(qwen15_loaded, None, "suffix", 4).generate(PROMPTS, params)] == ref
 
 
 def test_stops_and_penalties_match_plain(qwen15_loaded, qwen05_loaded, reference):

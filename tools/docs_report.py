@@ -6,7 +6,7 @@
 
 in README.md and the docs/ files named in DOCS: VIEW says how to draw the table
 (`spec`, `spec-wide`, `precision`, `serve`, `soak`, `structured`, `replicas`, `affinity`, `steps`,
-`row-invariance`, `kld`, `matmul`, `peers`, `tool-speed`; `history` and `index` take
+`row-invariance`, `kld`, `matmul`, `peers`, `tool-speed`, `coupling`; `history` and `index` take
 no STEM), STEM names the results file (`docs/results/STEM.json`). Each table opens with a caption
 giving the run's date and machine (from SOURCES below) and the command that reproduces the run,
 rebuilt from the configuration its JSON records. Files are written atomically (a temporary file in
@@ -118,6 +118,12 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                             "llama.cpp, int4-a8 with Q6_K at 6 bits and integer minimums, int4-a16"),
     "bench-tool-speed-xeon": ("2026-12-03", "xeon-amx", "a named tool call under its grammar against as many free "
                               "tokens, the default pair with draft-model speculation"),
+    "bench-coupling-xeon": ("2026-12-03", "xeon-amx", "acceptance of the 0.5B draft under Gumbel coupling and under "
+                            "rejection sampling, by set and temperature, and seeded exactness on hold-out prompts"),
+    "bench-soak-checked-xeon": ("2026-12-03", "xeon-amx", "one server process, the default pair, 4 clients for 10 "
+                                "minutes, every completed answer checked against its plain reference"),
+    "bench-soak-checked-ray2-kill-xeon": ("2026-12-03", "xeon-amx", "two replicas of the default pair on Ray "
+                                          "Serve, one killed mid-run, every completed answer checked"),
     "kld-zen4": ("2026-12-02", "zen4", "each mode against float32 with Q6_K at 6 bits and Q4_K's integer "
                  "minimums; the second half of each chunk scored"),
     "bench-peers-zen4": ("2026-12-02", "zen4", "int4-a8 (auto) beside llama.cpp and OpenVINO GenAI, their "
@@ -233,7 +239,14 @@ def soak_command(data: dict) -> str:
             + (f" --max-requests {data['max_requests']}" if data.get("max_requests") else "")
             + (f" --replicas {data['replicas']}" if (data.get("replicas") or 1) > 1 else "")
             + (f" --kill-replica-at {data['kill_replica_at']:g}" if data.get("kill_replica_at") else "")
-            + (f" --draft {data['draft']}" if data.get("draft") else ""))
+            + (f" --draft {data['draft']}" if data.get("draft") else "")
+            + (f" --policy {data['policy']} -k {data['k']}" if data.get("policy", "cost_model") != "cost_model" else "")
+            + (f" --check-outputs --bodies-per-kind {_bodies_per_kind(data)}" if data.get("check_outputs") else ""))
+
+
+def _bodies_per_kind(data: dict) -> int:
+    """Recorded since the option came in; earlier checked runs have it as the pool's size by kind."""
+    return data.get("bodies_per_kind") or max(len(keys) for keys in data["pool"].values())
 
 
 def structured_command(data: dict) -> str:
@@ -435,9 +448,12 @@ def view_serve(data: dict) -> str:
 
 def view_soak(data: dict) -> str:
     """Requests by kind and outcome, latency, and what the server kept after the run."""
-    rows = [[kind, str(k["requests"]), str(k["expected"]), str(k["failed"]), num(k["p50"]), num(k["p99"])]
+    checked = bool(data.get("check_outputs"))
+    rows = [[kind, str(k["requests"]), str(k["expected"]), str(k["failed"])]
+            + ([str(k.get("wrong", 0))] if checked else []) + [num(k["p50"]), num(k["p99"])]
             for kind, k in data["by_kind"].items()]
-    text = table(["kind", "requests", "as expected", "failed", "latency p50 (s)", "p99 (s)"], rows, right_from=1)
+    text = table(["kind", "requests", "as expected", "failed"] + (["wrong"] if checked else [])
+                 + ["latency p50 (s)", "p99 (s)"], rows, right_from=1)
     by, after = data["by_outcome"], data["kv_blocks_used_after"]
     # with replicas the page also carries their sum (replica="all"): count each block once
     kv = sum(v for k, v in after.items() if 'replica="all"' in k) if any('replica="all"' in k for k in after) \
@@ -454,7 +470,31 @@ def view_soak(data: dict) -> str:
                    f"{kv:g} KV blocks in use (all pools), resident memory {data['rss_mb_before']:.0f} → "
                    f"{data['rss_mb_after']:.0f} MB ({100 * data['rss_growth']:+.1f} %), "
                    f"{data['error_log_lines']} ERROR lines in the server's log, exit code {data['server_exit_code']}."
-                   + kill)
+                   + kill + (_checked_note(data) if checked else ""))
+
+
+def _checked_note(data: dict) -> str:
+    spec = {k: v for k, v in (data.get("spec_tokens") or {}).items() if 'replica="all"' not in k}
+    drafted = sum(v for k, v in spec.items() if "drafted" in k)
+    accepted = sum(v for k, v in spec.items() if "accepted" in k)
+    return (f" Every completed answer was compared with the same request decoded alone without speculation "
+            f"({data['references']} references): **{data['by_outcome'].get('wrong', 0)} wrong** "
+            f"({data.get('warmup_wrong', 0)} in the warm-up); {accepted:g} of {drafted:g} drafted tokens accepted "
+            f"during the run.")
+
+
+def view_coupling(data: dict) -> str:
+    """Acceptance of Gumbel coupling and of rejection sampling by set and temperature, and exactness."""
+    rows = [[r["set"], f"{r['temperature']:g}", num(r["gumbel"]["acceptance"], 3), num(r["rejection"]["acceptance"], 3),
+             num(r["gumbel_over_rejection"], 2), num(r["gumbel"]["tokens_per_forward"], 2),
+             num(r["rejection"]["tokens_per_forward"], 2)] for r in data["acceptance"]]
+    text = table(["set", "T", "accepted, gumbel", "accepted, rejection", "gumbel / rejection",
+                  "tokens a forward, gumbel", "rejection"], rows, right_from=1)
+    e = data["exactness"]
+    exact = "; ".join(f"{m}: {v['equal']} of {v['of']}" for m, v in e["by_method"].items())
+    return (text + f"\n\n{data['draft']} drafting for {data['target']} at `{data['precision']}`, k = {data['k']} "
+            f"fixed, {data['max_tokens']} tokens a request. Hold-out prompts, seeded, T = {e['temperature']:g}: "
+            f"speculative text equal to plain text token for token under coupling, {exact}.")
 
 
 def view_structured(data: dict) -> str:
@@ -654,7 +694,7 @@ TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view
                "serve": view_serve, "soak": view_soak, "structured": view_structured, "steps": view_steps,
                "replicas": view_replicas, "affinity": view_affinity, "row-invariance": view_row_invariance,
                "kld": view_kld, "matmul": view_matmul, "peers": view_peers,
-               "tool-speed": view_tool_speed}
+               "tool-speed": view_tool_speed, "coupling": view_coupling}
 DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
 
 

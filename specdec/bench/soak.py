@@ -11,6 +11,11 @@ in its log; writes JSON and a PNG (latency and memory over the run).
 
 `--kill-replica-at S` SIGKILLs one replica S seconds into the run: the requests that failed on it
 while it died are counted as `killed` (in flight on it), apart from any other failure.
+
+`--check-outputs` soaks a fixed pool of bodies instead (greedy, seeded sampled with n = 1 and 2,
+JSON schema, tools, cache salts; streamed and whole), each first recorded alone with speculation
+off, and counts a completed answer that differs from its reference as `wrong` (soak_checked.py);
+`--bodies-per-kind` sizes the pool.
 """
 from __future__ import annotations
 
@@ -30,7 +35,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from specdec.bench.serve_bench import percentile
-from specdec.bench.soak_clients import EXPECTED, MIX, Outcome, Soak, client, request
+from specdec.bench.soak_checked import build_pool, record_references
+from specdec.bench.soak_clients import EXPECTED, MIX, Outcome, Soak, client, mix_of, request
 from specdec.extras import require_plotting
 from specdec.fileio import atomic_write_text
 from specdec.prompts import SETS, read_set
@@ -120,6 +126,8 @@ def _start_server(a, s: Soak, log_path: Path, ray_dir: str | None) -> subprocess
            "--port", str(s.port), "--max-batch-size", str(a.max_batch_size)]
     if a.draft:
         cmd += ["--draft", a.draft]
+    if a.policy != "cost_model":  # e.g. fixed: every step drafts k, so every output carries verified drafts
+        cmd += ["--spec-policy", a.policy, "-k", str(a.k)]
     if a.threads:
         cmd += ["--threads", str(a.threads)]
     env = dict(os.environ)
@@ -155,14 +163,15 @@ def _kill_later(s: Soak, at: float, kills: list[dict]) -> threading.Timer:
     return timer
 
 
-def summarize(outcomes: list[Outcome]) -> dict:
-    by = {o: sum(x.outcome == o for x in outcomes) for o in ("ok", "rejected", "dropped", "failed", "killed")}
+def summarize(outcomes: list[Outcome], mix: dict[str, int] = MIX) -> dict:
+    by = {o: sum(x.outcome == o for x in outcomes) for o in ("ok", "rejected", "dropped", "wrong", "failed", "killed")}
     kinds = {}
-    for kind in MIX:
+    for kind in mix:
         mine = [x for x in outcomes if x.kind == kind]
         done = [x.seconds for x in mine if x.outcome == "ok"]
         kinds[kind] = {"requests": len(mine), "ok": len(done), "expected": sum(x.outcome == EXPECTED.get(kind, "ok")
                                                                               for x in mine),
+                       "wrong": sum(x.outcome == "wrong" for x in mine),
                        "failed": sum(x.outcome == "failed" for x in mine),
                        "p50": percentile(done, 0.5), "p99": percentile(done, 0.99)}
     latencies = [x.seconds for x in outcomes if x.outcome == "ok"]
@@ -173,7 +182,8 @@ def summarize(outcomes: list[Outcome]) -> dict:
 
 
 def mark_killed(outcomes: list[Outcome], kill: dict, start: float) -> None:
-    """A failed request answered by the killed replica and running when it died was in flight on it."""
+    """A failed request answered by the killed replica and running when it died was in flight on it.
+    A wrong one stays wrong: a complete answer must be right whoever served it."""
     at = kill["at"] - start
     for o in outcomes:
         if o.outcome == "failed" and o.replica == kill["replica"] and o.at <= at <= o.at + o.seconds:
@@ -185,8 +195,10 @@ def soak(s: Soak, a, server_pid: int | None) -> dict:
     `s`: one process (`server_pid`) or replicas (None: their pids from /metrics)."""
     pids = (lambda: [server_pid]) if server_pid is not None else (lambda: list(_replica_pids(s).values()))
     rss_ready = sum(_rss_mb(pids()).values())
+    reference_seconds = record_references(s, s.checked) if s.checked is not None else 0.0
     # warm-up, not counted: the batch shapes, buffers and allocator arenas of a full mix, before the baseline
     _run_clients(s, a, a.warmup_minutes, None, "soak warm-up", time.time())
+    warmup_wrong = sum(o.outcome == "wrong" for o in s.outcomes)   # not counted, but never hidden
     s.outcomes.clear()
     idle = _wait_idle(s)
     rss_before, start, kills = _rss_mb(pids()), time.time(), []
@@ -212,11 +224,16 @@ def soak(s: Soak, a, server_pid: int | None) -> dict:
         mark_killed(s.outcomes, kill, start)
     used = lambda page: {k: v for k, v in page.items() if k.startswith("specdec_kv_blocks_used")}  # noqa: E731
     common = set(rss_before) & set(rss_after)
-    return {"wall_seconds": wall, **summarize(s.outcomes), "kill_replica_at": a.kill_replica_at,
+    checked = ({**s.checked.report(reference_seconds), "warmup_wrong": warmup_wrong} if s.checked is not None
+               else {"check_outputs": False})
+    return {"wall_seconds": wall, **summarize(s.outcomes, mix_of(s)), **checked,
+            "kill_replica_at": a.kill_replica_at,
             "killed_replicas": [{**k, "at": k["at"] - start} for k in kills], "replicas_after": replicas_after,
             "kv_blocks_used_idle": used(idle), "kv_blocks_used_after": used(m),
             "kv_blocks_leaked": {k: v for k, v in used(m).items() if v > used(idle).get(k, 0.0)},
             "ingress": {k: v for k, v in m.items() if k.startswith("specdec_ingress_")},  # replica failures, retries
+            "spec_tokens": {k: v - idle.get(k, 0.0) for k, v in m.items()   # drafted, accepted in the run
+                            if k.startswith(("specdec_spec_drafted_tokens", "specdec_spec_accepted_tokens"))},
             "rss_mb_ready": rss_ready, "rss_mb_before": sum(rss_before.values()),
             "rss_mb_after": sum(rss_after.values()),
             "rss_growth": sum(rss_after[p] for p in common) / max(1e-9, sum(rss_before[p] for p in common)) - 1,
@@ -245,6 +262,8 @@ def run_soak_bench(a) -> dict:
     ray_dir = tempfile.mkdtemp(prefix="sdsoak") if a.replicas > 1 else None
     prompts = [p for name in a.sets.split(",") for p in read_set(name)[: a.num_prompts] if name in SETS]
     s = Soak(f"http://127.0.0.1:{port}", "127.0.0.1", port, a.max_tokens, prompts)
+    if a.check_outputs:
+        s.checked = build_pool(prompts, a.bodies_per_kind, a.max_tokens, a.seed)
     proc = _start_server(a, s, log_path, ray_dir)
     try:
         served = _served(s)
@@ -256,7 +275,7 @@ def run_soak_bench(a) -> dict:
     report = {"model": a.model, "draft": a.draft, "precision": a.precision, "served": served, "clients": a.clients,
               "minutes": a.minutes, "max_requests": a.max_requests, "max_tokens": a.max_tokens,
               "max_batch_size": a.max_batch_size, "sets": a.sets, "num_prompts": a.num_prompts, "seed": a.seed,
-              "warmup_minutes": a.warmup_minutes, "replicas": a.replicas, "mix": MIX, **result,
+              "warmup_minutes": a.warmup_minutes, "replicas": a.replicas, "policy": a.policy, "k": a.k, "mix": mix_of(s), **result,
               "error_log_lines": _error_lines([log_path]), "ray_serve_error_log_lines": _error_lines(ray_logs),
               "ray_serve_log_files": len(ray_logs),
               "server_exit_code": code}
@@ -267,7 +286,9 @@ def run_soak_bench(a) -> dict:
     atomic_write_text(Path(a.out), json.dumps(report, indent=1))
     if a.plot:
         plot(report, s.outcomes, Path(a.plot))
-    print(f"soak: {report['requests']} requests {report['by_outcome']}, p50 {report['latency_p50']}, "
+    checked = (f"{report['by_outcome']['wrong']} wrong against {report['references']} references, "
+               if a.check_outputs else "")
+    print(f"soak: {report['requests']} requests {report['by_outcome']}, {checked}p50 {report['latency_p50']}, "
           f"p99 {report['latency_p99']}, KV used after {report['kv_blocks_used_after']} (leaked: "
           f"{report['kv_blocks_leaked'] or 'none'}), RSS {report['rss_mb_before']:.0f} -> "
           f"{report['rss_mb_after']:.0f} MB ({100 * report['rss_growth']:+.1f} %), "
@@ -283,7 +304,7 @@ def plot(report: dict, outcomes: list[Outcome], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (lat, mem) = plt.subplots(1, 2, figsize=(12, 3.8))
-    for kind in MIX:
+    for kind in report["mix"]:
         pts = [(o.at, o.seconds) for o in outcomes if o.kind == kind and o.outcome == "ok"]
         if pts:
             lat.scatter(*zip(*pts), s=6, label=kind)

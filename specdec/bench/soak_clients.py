@@ -2,7 +2,8 @@
 
 A request ends as `ok` (whole choices with a finish reason; a stream ending in [DONE] after one),
 `rejected` (an invalid request answered with a 4xx error body), `dropped` (the client left on
-purpose) or `failed` (anything else, with what was wrong). Each outcome records the replica that
+purpose), `wrong` (whole, but not its reference's output: --check-outputs, soak_checked.py) or
+`failed` (anything else, with what was wrong). Each outcome records the replica that
 answered (the `x-specdec-replica` header; empty from one process), so that a soak which kills a
 replica can tell the requests in flight on it from losses.
 """
@@ -13,7 +14,12 @@ import json
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specdec.bench.soak_checked import CheckedPool
 
 # kind -> weight in the mix
 MIX = {"chat": 3, "stream": 3, "drop_stream": 2, "drop_wait": 1, "invalid": 2, "n2_logprobs": 1, "stop": 1,
@@ -27,7 +33,7 @@ INVALID = [b"{not json", b'{"prompt": "x", "temperature": 9}', b'{"prompt": "a\\
 @dataclass
 class Outcome:
     kind: str
-    outcome: str          # ok | rejected (an invalid request's 4xx) | dropped (the client left) | failed
+    outcome: str          # ok | rejected (an invalid request's 4xx) | dropped (the client left) | wrong | failed
     seconds: float
     at: float             # seconds since the start of the soak
     detail: str = ""
@@ -44,6 +50,11 @@ class Soak:
     outcomes: list[Outcome] = field(default_factory=list)
     api_key: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    checked: CheckedPool | None = None   # --check-outputs: the bodies sent and their references
+
+
+def mix_of(s: Soak) -> dict[str, int]:
+    return s.checked.mix if s.checked is not None else MIX
 
 
 def request(s: Soak, path: str, body: bytes, method: str = "POST") -> tuple[http.client.HTTPConnection,
@@ -88,8 +99,10 @@ def _check_json(kind: str, status: int, data: bytes) -> str:
     return ""
 
 
-def _check_stream(resp: http.client.HTTPResponse, drop_after: int | None) -> str:
-    """Read a stream to its end ('' when whole) or drop it after `drop_after` events ('dropped')."""
+def _check_stream(resp: http.client.HTTPResponse, drop_after: int | None,
+                  on_chunk: Callable[[dict], None] | None = None) -> str:
+    """Read a stream to its end ('' when whole) or drop it after `drop_after` events ('dropped');
+    each chunk goes to `on_chunk` (the checked mode reassembles the output)."""
     if resp.status != 200:
         return f"HTTP {resp.status}"
     events, finished = 0, False
@@ -109,6 +122,8 @@ def _check_stream(resp: http.client.HTTPResponse, drop_after: int | None) -> str
         if "error" in chunk:
             return f"error event: {chunk['error'].get('message')}"
         finished = finished or any(c.get("finish_reason") for c in chunk.get("choices", []))
+        if on_chunk is not None:
+            on_chunk(chunk)
 
 
 def one(s: Soak, kind: str, rng: random.Random, replica: list[str]) -> tuple[str, str]:
@@ -141,7 +156,9 @@ def one(s: Soak, kind: str, rng: random.Random, replica: list[str]) -> tuple[str
 
 def client(s: Soak, seed: int, deadline: float, start: float, budget: list[int], bar) -> None:
     rng = random.Random(seed)
-    kinds, weights = list(MIX), list(MIX.values())
+    mix = mix_of(s)
+    kinds, weights = list(mix), list(mix.values())
+    send = s.checked.one if s.checked is not None else one
     while time.time() < deadline:
         with s.lock:
             if budget[0] == 0:
@@ -150,7 +167,7 @@ def client(s: Soak, seed: int, deadline: float, start: float, budget: list[int],
         kind = rng.choices(kinds, weights)[0]
         t0, replica = time.time(), [""]
         try:
-            outcome, detail = one(s, kind, rng, replica)
+            outcome, detail = send(s, kind, rng, replica)
         except Exception as e:  # noqa: BLE001 - a broken connection is a failed request, recorded
             outcome, detail = "failed", f"{type(e).__name__}: {e}"
         with s.lock:

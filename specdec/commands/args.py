@@ -7,6 +7,7 @@ import dataclasses
 
 from specdec.catalog import default_draft
 from specdec.config import (
+    COUPLINGS,
     DEFAULT_TARGET,
     PRECISION_CHOICES,
     PRECISIONS,
@@ -15,6 +16,7 @@ from specdec.config import (
     DraftConfig,
     EngineConfig,
     ModelConfig,
+    SamplingConfig,
     SchedulerConfig,
     SpeculativeConfig,
 )
@@ -123,7 +125,17 @@ def add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
                    help="the draft model scores only N frequent tokens (cheaper steps; still lossless)")
     p.add_argument("--draft-precision", choices=PRECISIONS, default=None, help=DRAFT_PRECISION_HELP)
     p.add_argument("--spec-deterministic", action="store_true",
-                   help="cost model decides from acceptance counts alone (a seed then fixes the text)")
+                   help="cost model decides from acceptance counts alone (under --coupling rejection, a seed "
+                        "then fixes the text)")
+    p.add_argument("--coupling", choices=COUPLINGS, default=None,
+                   help="how sampled drafts are verified: gumbel (default; a seed fixes the text, with or without "
+                        "speculation) or rejection (rejection sampling: a seed fixes the distribution)")
+
+
+def sampling_config(a: argparse.Namespace, base: SamplingConfig | None = None) -> SamplingConfig:
+    """The YAML's (or the default) SamplingConfig with --coupling on top."""
+    base = base or SamplingConfig()
+    return base if a.coupling is None else dataclasses.replace(base, coupling=a.coupling)
 
 
 def speculative_config(a: argparse.Namespace, model: str | None = None) -> SpeculativeConfig | None:

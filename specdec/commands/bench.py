@@ -92,8 +92,16 @@ def _add_mode_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--kill-replica-at", type=float, default=None, metavar="SECONDS",
                    help="soak with --replicas: SIGKILL one replica this many seconds into the run; the "
                         "requests in flight on it are counted apart from failures")
-    b.add_argument("--policy", choices=SPEC_POLICIES, default="cost_model", help="serve: speculation policy")
-    b.add_argument("--seed", type=int, default=0, help="serve: arrivals and prompt choice")
+    b.add_argument("--check-outputs", action="store_true",
+                   help="soak: a fixed pool of bodies (greedy, seeded sampled with n 1 and 2, JSON schema, tools, "
+                        "cache salts; streamed and whole), each first run alone without speculation; a completed "
+                        "answer that differs from its reference counts as wrong, apart from failed")
+    b.add_argument("--bodies-per-kind", type=int, default=4,
+                   help="soak --check-outputs: distinct bodies of each compared kind (half of them streamed)")
+    b.add_argument("--policy", choices=SPEC_POLICIES, default="cost_model",
+                   help="serve, soak: speculation policy (fixed: -k drafts every step)")
+    b.add_argument("--seed", type=int, default=0, help="serve: arrivals and prompt choice; soak: the clients' draws "
+                                                       "(and, with --check-outputs, the sampled bodies' seeds)")
     b.add_argument("--shape", default="17920x1536",
                    help="threads: the layer timed, OUTxIN (default the 1.5B's gate|up)")
     b.add_argument("--competitors", type=int, default=1, help="threads: busy processes in the contended run")
@@ -163,9 +171,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
         cmd_matmul(a)
     elif a.mode == "soak":
         from specdec.bench.soak import run_soak_bench
-        if a.clients < 1 or a.minutes <= 0 or a.max_requests < 0 or a.warmup_minutes < 0 or a.replicas < 1:
-            raise ValueError("--clients and --replicas must be >= 1, --minutes > 0, --max-requests and "
-                             "--warmup-minutes >= 0")
+        if (a.clients < 1 or a.minutes <= 0 or a.max_requests < 0 or a.warmup_minutes < 0 or a.replicas < 1
+                or a.bodies_per_kind < 1):
+            raise ValueError("--clients, --replicas and --bodies-per-kind must be >= 1, --minutes > 0, "
+                             "--max-requests and --warmup-minutes >= 0")
         if a.kill_replica_at is not None and (a.replicas < 2 or a.kill_replica_at < 0):
             raise ValueError("--kill-replica-at needs --replicas 2 or more, and SECONDS >= 0")
         run_soak_bench(a)

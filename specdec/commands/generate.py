@@ -20,6 +20,7 @@ from specdec.commands.args import (
     config_models,
     describe_speculation,
     pull_on_first_use,
+    sampling_config,
     sampling_params,
     scheduler_overrides,
     speculative_config,
@@ -57,7 +58,8 @@ def engine_config(a: argparse.Namespace, speculative: SpeculativeConfig | None) 
     return EngineConfig(model=ModelConfig(model=a.model, precision=a.precision, device=a.device,
                                           max_model_len=a.max_model_len, num_threads=a.threads,
                                           chat_template=a.chat_template, seed=a.seed),
-                        scheduler=SchedulerConfig(**scheduler_overrides(a)), speculative=speculative)
+                        scheduler=SchedulerConfig(**scheduler_overrides(a)), speculative=speculative,
+                        sampling=sampling_config(a))
 
 
 def cmd_generate(a: argparse.Namespace) -> int:

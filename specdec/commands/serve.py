@@ -17,6 +17,7 @@ from specdec.commands.args import (
     check_pulled,
     config_models,
     describe_speculation,
+    sampling_config,
     scheduler_overrides,
     speculative_config,
 )
@@ -83,6 +84,7 @@ def serve_configs(a: argparse.Namespace) -> tuple[EngineConfig, ServerConfig, Se
     sched = {**dataclasses.asdict(engine_cfg.scheduler), **scheduler_overrides(a)}
     engine_cfg = EngineConfig(model=model, cache=CacheConfig(**dataclasses.asdict(engine_cfg.cache)),
                               scheduler=SchedulerConfig(**sched), structured=engine_cfg.structured,
+                              sampling=sampling_config(a, engine_cfg.sampling),
                               speculative=_speculative(a, engine_cfg.speculative, model.model))
     return engine_cfg, _server_config(a, server_cfg), _serving_config(a, serving)
 

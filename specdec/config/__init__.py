@@ -7,11 +7,13 @@ from specdec.config.engine import EngineConfig
 from specdec.config.model import (
     AUTO_CPU_PRECISION,
     AUTO_DRAFT_PRECISION,
+    COUPLINGS,
     DEFAULT_TARGET,
     PRECISION_CHOICES,
     PRECISIONS,
     CacheConfig,
     ModelConfig,
+    SamplingConfig,
     SchedulerConfig,
     StructuredConfig,
     specdec_home,

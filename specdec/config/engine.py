@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.config.model import CacheConfig, ModelConfig, SchedulerConfig, StructuredConfig
+from specdec.config.model import CacheConfig, ModelConfig, SamplingConfig, SchedulerConfig, StructuredConfig
 from specdec.config.speculative import SpeculativeConfig
 
 
@@ -14,3 +14,4 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig | None = None  # None: plain decoding
     structured: StructuredConfig = field(default_factory=StructuredConfig)  # bounds on grammar work
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)        # how sampled drafts are verified

@@ -74,6 +74,23 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold must be >= 0")
 
 
+COUPLINGS = ("gumbel", "rejection")
+
+
+@dataclass
+class SamplingConfig:
+    """How speculation verifies sampled tokens (YAML `sampling`). gumbel: the target's token at each
+    position is the Gumbel-max of its distribution with noise fixed by (seed, choice, position), and a
+    draft is kept when it equals it, so a seed fixes the text whatever the drafts (sample/coupling.py).
+    rejection: Leviathan et al.'s rejection sampling, the same distribution, one random stream per
+    request (a seed fixes the distribution, not the text, under adaptive k)."""
+    coupling: str = "gumbel"
+
+    def __post_init__(self) -> None:
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"sampling.coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
+
+
 @dataclass
 class StructuredConfig:
     """Bounds on the grammar work of structured outputs (YAML `structured_outputs`): llguidance's parser

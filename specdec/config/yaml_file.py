@@ -7,7 +7,8 @@ from typing import Any
 
 from specdec.catalog import default_draft
 from specdec.config.engine import EngineConfig
-from specdec.config.model import DEFAULT_TARGET, CacheConfig, ModelConfig, SchedulerConfig, StructuredConfig
+from specdec.config.model import (DEFAULT_TARGET, CacheConfig, ModelConfig, SamplingConfig, SchedulerConfig,
+                                  StructuredConfig)
 from specdec.config.server import AutoscalingConfig, ServerConfig, ServingConfig
 from specdec.config.speculative import FLAT_SPEC_KEYS, SpeculativeConfig
 
@@ -47,7 +48,8 @@ def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig, Serv
     plus optional `speculative` (the policy and SpeculativeConfig's groups: ngram, suffix, draft,
     controller, router; each as a mapping, or by the flat keys of earlier configs such as
     `suffix_max_tokens` or `min_gain`), `server`, `serving` (replicas on Ray Serve) and
-    `structured_outputs` (StructuredConfig: bounds on grammar work) sections.
+    `structured_outputs` (StructuredConfig: bounds on grammar work) and `sampling` (SamplingConfig:
+    coupling) sections.
 
     draft_model: a registry name or path (draft-model speculation), a model-free proposer kind
     ("ngram": prompt lookup, "suffix": suffix decoding), "hybrid" / "hybrid:MODEL" (suffix or that
@@ -62,8 +64,8 @@ def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig, Serv
         raise ValueError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: top level must be a mapping")
-    doc = _take(doc, {"execution_config", "speculative", "server", "serving", "structured_outputs"}, "top level",
-                path)
+    doc = _take(doc, {"execution_config", "speculative", "server", "serving", "structured_outputs", "sampling"},
+                "top level", path)
     exe = _take(doc.get("execution_config") or {}, set(_EXECUTION_KEYS) | {"cache_config"}, "execution_config", path)
     sections: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}, "spec": {}}
     sections["cache"] = _take(exe.pop("cache_config", None) or {}, {f.name for f in fields(CacheConfig)},
@@ -78,6 +80,7 @@ def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig, Serv
     serving = _take(doc.get("serving") or {}, {f.name for f in fields(ServingConfig)}, "serving", path)
     structured = _take(doc.get("structured_outputs") or {}, {f.name for f in fields(StructuredConfig)},
                        "structured_outputs", path)
+    sampling = _take(doc.get("sampling") or {}, {f.name for f in fields(SamplingConfig)}, "sampling", path)
     if serving.get("autoscaling") is not None:
         serving["autoscaling"] = _take(serving["autoscaling"], {f.name for f in fields(AutoscalingConfig)},
                                        "serving.autoscaling", path)
@@ -97,7 +100,7 @@ def load_yaml_config(path: str | Path) -> tuple[EngineConfig, ServerConfig, Serv
     try:
         config = EngineConfig(model=ModelConfig(**sections["model"]), cache=CacheConfig(**sections["cache"]),
                               scheduler=SchedulerConfig(**sections["scheduler"]), speculative=speculative,
-                              structured=StructuredConfig(**structured))
+                              structured=StructuredConfig(**structured), sampling=SamplingConfig(**sampling))
         return config, ServerConfig(**server), ServingConfig(**serving)
     except TypeError as e:  # a wrongly typed value deep inside a dataclass check
         raise ValueError(f"{path}: {e}") from e

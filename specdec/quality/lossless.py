@@ -88,6 +88,7 @@ class LosslessReport:
     plain_seconds: float
     spec_seconds: float
     broken_sampler: str | None = None
+    coupling: str = "gumbel"        # how the speculative arm verified its sampled drafts
     plain: ArmSamples | None = field(default=None, repr=False)  # raw samples, for reuse; not in JSON
     spec: ArmSamples | None = field(default=None, repr=False)
 
@@ -120,13 +121,13 @@ class LosslessReport:
 def sample_arm(target: LoadedModel, prompt_ids: list[list[int]], params: SamplingParams, *,
                speculative: SpeculativeConfig | None, draft: LoadedModel | None = None, num_samples: int,
                seeds: list[int], max_batch_size: int = 64, num_threads: int | None = None,
-               progress: bool = True, sampler: Sampler = rejection_sample) -> ArmSamples:
+               progress: bool = True, sampler: Sampler = rejection_sample, coupling: str = "gumbel") -> ArmSamples:
     """num_samples generations per prompt with `params` (its seed replaced: sample i of prompt j gets
     seeds[j * num_samples + i]). All requests are submitted at once; a warm-up request per prompt
     fills the prefix cache first, so each sample recomputes only the prompt's uncached tail."""
     from tqdm import tqdm
 
-    from specdec.config import CacheConfig, EngineConfig, SchedulerConfig
+    from specdec.config import CacheConfig, EngineConfig, SamplingConfig, SchedulerConfig
     from specdec.llm import LLM
 
     k = speculative.num_speculative_tokens if speculative else 0
@@ -138,7 +139,7 @@ def sample_arm(target: LoadedModel, prompt_ids: list[list[int]], params: Samplin
         cache=CacheConfig(block_size=BLOCK_SIZE, target_cache_blocks=blocks, draft_cache_blocks=blocks),
         scheduler=SchedulerConfig(max_num_batched_tokens=max(512, max_batch_size * (k + 1) + longest),
                                   max_batch_size=max_batch_size, max_queued_requests=num_samples * len(prompt_ids)),
-        speculative=speculative)
+        speculative=speculative, sampling=SamplingConfig(coupling))
     llm = LLM(config=config, loaded=target, draft_loaded=draft, progress=False, rejection_sampler=sampler)
     engine = llm.engine
     llm.generate(prompt_ids, replace(params, max_tokens=1, seed=0))  # warm the prefix cache
@@ -204,7 +205,8 @@ def check_lossless(target: LoadedModel, prompts: Sequence[str] = DEFAULT_PROMPTS
                    positions: Sequence[int] = (2, 3), temperature: float = 1.0, top_p: float = 1.0,
                    top_k: int = 0, seed: int = 0, alpha: float = 0.01, chat: bool = False,
                    max_batch_size: int = 64, num_threads: int | None = None, progress: bool = True,
-                   plain: ArmSamples | None = None, sampler: Sampler = rejection_sample) -> LosslessReport:
+                   plain: ArmSamples | None = None, sampler: Sampler = rejection_sample,
+                   coupling: str = "gumbel") -> LosslessReport:
     """Sample plain and speculative decoding (policy "fixed", so every step drafts what it can) and test
     that they agree at each position. max_tokens = max(positions): a draft then covers positions
     2..max-1 and the last position is a bonus or plain token, which the joint test checks.
@@ -216,6 +218,8 @@ def check_lossless(target: LoadedModel, prompts: Sequence[str] = DEFAULT_PROMPTS
         plain: the plain arm of an earlier report with the same prompts and settings, to reuse.
         sampler: the rejection sampler of the speculative arm (a test injects a broken one to show the
             check has power; the report then names it).
+        coupling: how the speculative arm verifies sampled drafts ("gumbel" or "rejection"; `sampler`
+            runs under "rejection" only).
     Returns:
         The report; raises ValueError on bad arguments, or when the speculative arm drafted nothing
         (the comparison would be vacuous).
@@ -246,7 +250,7 @@ def check_lossless(target: LoadedModel, prompts: Sequence[str] = DEFAULT_PROMPTS
         raise ValueError("the plain arm given was sampled with other prompts, sampling settings or positions")
     spec = sample_arm(target, prompt_ids, params, speculative=spec_cfg, draft=draft, num_samples=num_samples,
                       seeds=arm_seeds(seed, "spec", num_samples * len(prompts)), sampler=sampler,
-                      **common)
+                      coupling=coupling, **common)
     if sum(spec.drafted_tokens) == 0:
         raise ValueError(f"the {method} arm drafted no tokens at positions 2..{positions[-1]}: the check would be "
                          "vacuous; use prompts whose continuation the proposer can draft")
@@ -259,6 +263,7 @@ def check_lossless(target: LoadedModel, prompts: Sequence[str] = DEFAULT_PROMPTS
         drafted_tokens=spec.drafted_tokens, accepted_tokens=spec.accepted_tokens, tests=tests, alpha=alpha,
         threshold=threshold, passed=all(t.p_value > threshold for t in tests), plain_seconds=plain.seconds,
         spec_seconds=spec.seconds, broken_sampler=None if sampler is rejection_sample else sampler.__name__,
+        coupling=coupling,
         plain=plain, spec=spec)
 
 
@@ -283,7 +288,7 @@ def cmd_check_lossless(a: argparse.Namespace) -> int:
     report = check_lossless(target, prompts, method=a.spec, draft=draft, k=a.k, num_samples=a.samples,
                             positions=positions, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                             seed=a.seed, alpha=a.alpha, chat=a.chat, max_batch_size=a.max_batch_size,
-                            num_threads=a.threads)
+                            num_threads=a.threads, coupling=a.coupling)
     for i, p in enumerate(prompts):
         print(f"prompt {i}: {json.dumps(p, ensure_ascii=False)[:100]}")
     print(report.table())
@@ -320,7 +325,7 @@ def _parse_positions(text: str) -> list[int]:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `check-lossless` to the `specdec` CLI."""
-    from specdec.config import PRECISIONS
+    from specdec.config import COUPLINGS, PRECISIONS
     c = sub.add_parser("check-lossless", help="statistical test: speculative sampling matches plain sampling")
     c.add_argument("--model", default=LOSSLESS_TARGET, help="target: registry name, .gguf path or model folder")
     c.add_argument("--spec", choices=["ngram", "draft_model"], default="ngram")
@@ -333,6 +338,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--top-p", type=float, default=1.0)
     c.add_argument("--top-k", type=int, default=0)
     c.add_argument("--seed", type=int, default=0, help="fixes every sample's seed in both arms")
+    c.add_argument("--coupling", choices=COUPLINGS, default="gumbel",
+                   help="how the speculative arm verifies sampled drafts (gumbel: Gumbel coupling; rejection: "
+                        "rejection sampling)")
     c.add_argument("--alpha", type=float, default=0.01, help="family-wise significance level (Bonferroni)")
     c.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line (default: built-in prompts)')
     c.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")

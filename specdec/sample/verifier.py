@@ -3,8 +3,13 @@
 It takes the schedule (which drafts each request verifies: `ScheduledChunk.draft_token_ids`), the
 target's logits (flat rows, `cu_num_logits`) and the step's DraftBatch (the distributions the drafts
 came from), masks rows with each request's grammar, processes all rows at once (penalties,
-temperature, filters), draws each sampled request's randomness from its own generator, and runs
-the rejection sampler over the flat rows. Plain decoding is the same call with no drafts.
+temperature, filters), and runs the rejection sampler over the flat rows. Plain decoding is the
+same call with no drafts.
+
+A sampled request is verified one of two ways. Coupled (its `noise_key` set, sample/noise.py): its
+rows get the Gumbel noise of their output positions and are then verified as greedy rows, so the
+target's token is the Gumbel-max sample and a draft is kept exactly when it equals it. Otherwise its
+uniforms come from its own generator, for rejection sampling.
 """
 from __future__ import annotations
 
@@ -16,10 +21,12 @@ import torch
 from specdec.core.outputs import DraftBatch, ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 from specdec.request import Request
 from specdec.sample.logits_processors import RowGroup, process_rows
+from specdec.sample.noise import gumbel_rows
 from specdec.sample.rejection_sampler import rejection_sample
 from specdec.sample.sampler import make_generator
 
 Sampler = Callable[..., tuple[list[list[int]], torch.Tensor]]
+Noise = Callable[[int, int, int, int], torch.Tensor]   # (key, first position, rows, vocab) -> [rows, vocab]
 
 
 @dataclass
@@ -30,9 +37,10 @@ class Verified:
 
 
 class Verifier:
-    def __init__(self, sampler: Sampler = rejection_sample) -> None:
-        """`sampler`: the rejection sampler (tests inject broken ones to show a check has power)."""
-        self.sampler = sampler
+    def __init__(self, sampler: Sampler = rejection_sample, noise: Noise = gumbel_rows) -> None:
+        """`sampler`, `noise`: the rejection sampler and the coupling's noise (tests inject broken ones
+        to show a check has power)."""
+        self.sampler, self.noise = sampler, noise
         self._generators: dict[str, torch.Generator] = {}
 
     def add(self, request_id: str, seed: int | None) -> None:
@@ -57,13 +65,15 @@ class Verifier:
         # mask already copied them
         keep_raw = any(r.params.logprobs is not None or r.grammar is not None for r in reqs)
         logits = process_rows(torch.cat(rows) if keep_raw else out.logits, groups, in_place=True)
-        if all(c.num_drafts == 0 for _, c in scored) and all(r.params.greedy for r in reqs):
-            # plain greedy: the argmax is all the sampler would compute, without its bookkeeping
+        self._couple(logits, [c for _, c in scored], reqs)
+        as_greedy = [r.params.greedy or r.noise_key is not None for r in reqs]
+        if all(c.num_drafts == 0 for _, c in scored) and all(as_greedy):
+            # plain greedy or coupled: the argmax is all the sampler would compute, without its bookkeeping
             return {c.request_id: Verified([t], 0) for (_, c), t in zip(scored, logits.argmax(-1).tolist())}
         draft_ids = torch.tensor([t for _, c in scored for t in c.draft_token_ids], dtype=torch.long)
         num_drafts = torch.tensor([c.num_drafts for _, c in scored], dtype=torch.long)
-        greedy = torch.tensor([r.params.greedy for r in reqs], dtype=torch.bool)
-        uniforms, final_uniforms = self._randomness(reqs, [c.num_drafts for _, c in scored])
+        greedy = torch.tensor(as_greedy, dtype=torch.bool)
+        uniforms, final_uniforms = self._randomness(reqs, [c.num_drafts for _, c in scored], as_greedy)
         probs = _draft_probs([c for _, c in scored], drafts, logits.shape[-1])
         tokens, num_accepted = self.sampler(draft_ids, num_drafts, probs, logits, greedy, uniforms, final_uniforms)
         return {c.request_id: Verified(t, int(a)) for (_, c), t, a in zip(scored, tokens, num_accepted)}
@@ -76,14 +86,25 @@ class Verifier:
             return rows
         return req.grammar.mask_rows(rows, chunk.draft_token_ids)
 
-    def _randomness(self, reqs: list[Request], num_drafts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _couple(self, logits: torch.Tensor, chunks: list[ScheduledChunk], reqs: list[Request]) -> None:
+        """Coupled requests' processed rows += the Gumbel noise of their output positions (row j of a
+        request is the token after its output and drafts[:j]), in place."""
+        start = 0
+        for c, req in zip(chunks, reqs):
+            if req.noise_key is not None and not req.params.greedy:
+                rows = logits[start:start + c.num_logits]
+                rows += self.noise(req.noise_key, len(req.output_token_ids), c.num_logits, rows.shape[-1]).to(rows.device)
+            start += c.num_logits
+
+    def _randomness(self, reqs: list[Request], num_drafts: list[int], as_greedy: list[bool]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A uniform per draft and one for each request's final token, from the request's own
         generator in a fixed order (so a seed fixes its draws whatever else is in the batch); greedy
-        requests draw nothing."""
+        and coupled requests draw nothing."""
         uniforms, finals = torch.zeros(sum(num_drafts)), torch.zeros(len(reqs))
         start = 0
-        for r, (req, k) in enumerate(zip(reqs, num_drafts)):
-            if not req.params.greedy:
+        for r, (req, k, greedy) in enumerate(zip(reqs, num_drafts, as_greedy)):
+            if not greedy:
                 draws = torch.rand(k + 1, generator=self._generators[req.request_id])
                 uniforms[start:start + k], finals[r] = draws[:k], draws[k]
             start += k

@@ -46,18 +46,19 @@ def affinity_text(path: str, body: bytes, key_scope: str = "") -> str:
     order (role and content), as the chat template lays them out (a Responses request's
     instructions and input items as the chat messages they become); after its cache scope (the API
     key's, `key_scope`, and the request's cache_salt), so that requests follow each other to a
-    replica only where they could share its caches. Empty for anything else."""
+    replica only where they could share its caches. Empty for anything else, and for a body it
+    cannot read: the text only steers the routing, and the replica's app answers that body."""
     if path not in ("/v1/completions", "/v1/chat/completions", "/v1/responses") or not body:
         return ""
     try:
         doc = json.loads(body)
-    except ValueError:
+        if not isinstance(doc, dict):
+            return ""
+        salt = doc.get("cache_salt")
+        scope = key_scope + (f"\x00{salt}" if isinstance(salt, str) else "")
+        return (f"{scope}{SEPARATOR}" if scope else "") + _prompt_text(path, doc)
+    except Exception:  # noqa: BLE001 - not JSON, nested past Python's recursion limit, ...: no hint
         return ""
-    if not isinstance(doc, dict):
-        return ""
-    salt = doc.get("cache_salt")
-    scope = key_scope + (f"\x00{salt}" if isinstance(salt, str) else "")
-    return (f"{scope}{SEPARATOR}" if scope else "") + _prompt_text(path, doc)
 
 
 def _prompt_text(path: str, doc: dict) -> str:

@@ -1,6 +1,9 @@
 """The ingress deployment: the one HTTP entry of a replicated deployment. It reads each request
 (bounded by the server's body limit), sends it whole to a replica through the request router, and
-relays the answer as it comes. /metrics is its own: every replica's page, labelled, and the sums.
+relays the answer as it comes. GET /metrics is its own: every replica's page, labelled, and the
+sums (behind server.metrics_require_key, a replica's app checks the key first). Every other request,
+whatever its method, path or body, is the replica's app's to answer: what one process refuses, the
+ingress refuses alike.
 
 A replica that dies before it answered: the request goes to another (twice at most), so a request
 that had not started is not lost. One that dies while its answer streams: an error event and
@@ -19,7 +22,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import request_response
 
 from specdec.config import ServerConfig
 from specdec.server.errors import error_body
@@ -30,7 +33,6 @@ from specdec.serve_ray.forward import Forwarded, Head, affinity_text, forwarded_
 log = logging.getLogger("specdec.serve_ray")
 REPLICA_GONE = (RayActorError, ActorUnavailableError)
 ATTEMPTS = 3
-_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 class Relay:
@@ -68,17 +70,25 @@ class Ingress:
         self.retries = self.failures = 0
 
     def __serve_build_asgi_app__(self):
-        routes = [Route("/metrics", self.metrics, methods=["GET"]),
-                  Route("/{path:path}", self.forward, methods=_METHODS)]
         middleware = [Middleware(BodyLimit, limit=self.config.max_body_bytes)]
-        return Starlette(routes=routes, middleware=middleware)
+        app = Starlette(middleware=middleware, exception_handlers={Exception: _internal_error})
+        # no routes: Starlette's router would answer an odd method, or a path its patterns miss (one
+        # with a newline), itself in plain text; `dispatch` takes every request
+        app.router.default = request_response(self.dispatch)
+        return app
+
+    async def dispatch(self, request: Request):
+        if request.method == "GET" and request.scope["path"] == "/metrics":
+            return await self.metrics(request)
+        return await self.forward(request)
 
     async def forward(self, request: Request):
         body = await request.body()
-        fwd = Forwarded(request.method, request.url.path, request.scope.get("query_string", b""),
+        # the path as the client sent it (request.url.path is re-parsed: it drops a tab or a newline)
+        fwd = Forwarded(request.method, request.scope["path"], request.scope.get("query_string", b""),
                         forwarded_headers(request.scope["headers"], body), body,
                         request.client.host if request.client else "127.0.0.1",
-                        affinity_text(request.url.path, body, self._key_scope(request)))
+                        affinity_text(request.scope["path"], body, self._key_scope(request)))
         for attempt in range(ATTEMPTS):
             chunks = self.replicas.forward.options(stream=True).remote(fwd)
             try:
@@ -100,6 +110,11 @@ class Ingress:
         return hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()[:12]
 
     async def metrics(self, request: Request):
+        if self.config.metrics_require_key:  # the replicas hold the keys (a keys file is theirs to read)
+            gate = await self.forward(request)
+            if not isinstance(gate, Relay) or gate.head.status != 200:
+                return gate
+            gate.chunks.cancel()
         pages = await self.board.snapshot.remote()
         page = await asyncio.to_thread(merge, {r: p for r, (p, _) in pages.items()},
                                        self._own_families({r: info for r, (_, info) in pages.items()}))
@@ -117,6 +132,11 @@ class Ingress:
                 f"specdec_ingress_replica_failures_total {self.failures}\n"
                 f"# HELP specdec_ingress_retries Requests sent to another replica after one died first\n"
                 f"# TYPE specdec_ingress_retries counter\nspecdec_ingress_retries_total {self.retries}\n")
+
+
+async def _internal_error(request: Request, e: Exception) -> JSONResponse:
+    """The app's answer to anything unexpected (Starlette's own is plain text); logged by Ray."""
+    return JSONResponse(error_body(500, "internal server error"), status_code=500)
 
 
 IngressDeployment = serve.ingress()(Ingress)

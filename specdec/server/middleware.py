@@ -19,6 +19,11 @@ from specdec.server.context import context
 from specdec.server.errors import APIError, error_body
 
 _DRAIN_FACTOR = 16  # an oversized body is drained up to this many times the limit
+# JSON levels a body may nest: a bound of its own, since the parser's depends on the stack under it
+# (one process and an engine replica would refuse different depths); deep schemas still fit
+MAX_NESTING = 256
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 # a client's x-request-id is echoed only when it is short printable ASCII (it lands in logs and headers)
 _CLIENT_ID = re.compile(r"[\x21-\x7e]{1,128}")
 access_log = logging.getLogger("specdec.access")
@@ -86,9 +91,21 @@ def _log_access(scope, record: AccessRecord, status: int, seconds: float) -> Non
                                     "seconds": seconds})
 
 
+def nests_deeper(body: bytes, levels: int) -> bool:
+    """Whether the brackets of `body`, outside its JSON strings, nest deeper than `levels`."""
+    if body.count(b"[") + body.count(b"{") <= levels:
+        return False  # the usual body: decided at C speed
+    depth = 0
+    for bracket in _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > levels:
+            return True
+    return False
+
+
 class BodyLimit:
-    """ASGI middleware: 413 for a body over `limit` bytes (declared or actually sent). The body is
-    read here (bounded) and replayed to the app."""
+    """ASGI middleware: 413 for a body over `limit` bytes (declared or actually sent), 400 for one
+    nesting deeper than MAX_NESTING. The body is read here (bounded) and replayed to the app."""
 
     def __init__(self, app, limit: int, on_reject: Callable[[int], None] | None = None) -> None:
         self.app, self.limit, self.on_reject = app, limit, on_reject
@@ -109,11 +126,10 @@ class BodyLimit:
             too_large = size > self.limit
         if too_large:
             await self._drain(receive, more)
-            if self.on_reject is not None:
-                self.on_reject(413)
-            response = JSONResponse(error_body(413, f"request body larger than {self.limit} bytes"), status_code=413)
-            return await response(scope, receive, send)
+            return await self._refuse(413, f"request body larger than {self.limit} bytes", scope, receive, send)
         body, replayed = b"".join(chunks), False
+        if nests_deeper(body, MAX_NESTING):
+            return await self._refuse(400, f"request body nests deeper than {MAX_NESTING} levels", scope, receive, send)
 
         async def replay():
             nonlocal replayed
@@ -123,6 +139,11 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _refuse(self, status: int, message: str, scope, receive, send) -> None:
+        if self.on_reject is not None:
+            self.on_reject(status)
+        await JSONResponse(error_body(status, message), status_code=status)(scope, receive, send)
 
     async def _drain(self, receive, more: bool) -> None:
         """Read and discard the rest of an oversized body (up to a cap), so that a client still

@@ -155,13 +155,15 @@ class _Sampling(_Strict):
             raise ValueError(f"at most one output constraint per request, got {', '.join(f for _, f in chosen)}")
         return chosen[0] if chosen else None
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, seed_offset: int = 0,
+    def sampling_params(self, max_tokens: int, logprobs: int | None, seed: int | None = None, choice: int = 0,
                         structured: StructuredOutput | None = None, cache_salt: str | None = None) -> SamplingParams:
+        """Choice `choice` of the request; `seed`: the request's (its own `seed` field, or one the server
+        drew for all its choices)."""
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            seed=None if self.seed is None else (self.seed + seed_offset) % 2**63,
+            seed=seed, choice=choice,
             max_tokens=max_tokens, stop=list(self.stop or []), stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=logprobs, structured=structured, logit_bias=self.bias_by_id(),
             cache_salt=cache_salt)

@@ -44,6 +44,8 @@ def spec_summary(outs: list[RequestOutput]) -> dict:
     return {"proposer": outs[0].stats.proposer if outs else None, "method": outs[0].stats.method if outs else "none",
             "proposers_used": _proposers_used(outs),
             "domain": outs[0].stats.domain if outs else None,
+            "seed": outs[0].stats.seed if outs else None,   # every choice's: replays the request
+            "coupling": outs[0].stats.coupling if outs else None,
             "drafted_tokens": drafted, "accepted_tokens": accepted,
             "acceptance_rate": accepted / drafted if drafted else None, "mean_accepted_length": mal,
             "free_drafted_tokens": sum(o.stats.free_drafted_tokens for o in outs),

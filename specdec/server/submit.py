@@ -78,12 +78,19 @@ async def start(ctx: ServerContext, jobs: list[Job], spec: SpecOptions | None) -
     return streams
 
 
-def sampling(body, max_tokens: int, logprobs: int | None, j: int,
+def request_seed(ctx: ServerContext, body) -> int:
+    """The seed every choice of the request shares: its own, else one the engine draws (answered in
+    the response's `speculative.seed`, so that the request can be replayed)."""
+    return body.seed if body.seed is not None else ctx.ready_engine().draw_seed()
+
+
+def sampling(body, max_tokens: int, logprobs: int | None, j: int, seed: int,
              structured: StructuredOutput | None = None, cache_salt: str | None = None) -> SamplingParams:
-    """The sampling parameters of choice j (its seed offset by j), in the caches' scope `cache_salt`
+    """The sampling parameters of choice j (noise keyed by (seed, j)), in the caches' scope `cache_salt`
     (ServerContext.cache_salt)."""
     try:
-        return body.sampling_params(max_tokens, logprobs, seed_offset=j, structured=structured, cache_salt=cache_salt)
+        return body.sampling_params(max_tokens, logprobs, seed=seed, choice=j, structured=structured,
+                                    cache_salt=cache_salt)
     except ValueError as e:
         raise APIError(400, str(e)) from None
 

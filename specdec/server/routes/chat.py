@@ -26,6 +26,7 @@ from specdec.server.submit import (
     check_request,
     compile_structured,
     prepare,
+    request_seed,
     requested_structure,
     sampling,
     spec_options,
@@ -166,7 +167,8 @@ async def start_chat(ctx: ServerContext, body: ChatCompletionRequest, request: R
     subs = [Sub(j, 0, len(ids), "") for j in range(body.n)]
     record = access_record(request)
     salt = ctx.cache_salt(record.api_key_id, body.cache_salt)
-    jobs = [(ids, sampling(body, max_tokens, body.num_logprobs(), j, structured, salt)) for j in range(body.n)]
+    seed = request_seed(ctx, body)
+    jobs = [(ids, sampling(body, max_tokens, body.num_logprobs(), j, seed, structured, salt)) for j in range(body.n)]
     return ChatRun(subs, await start(ctx, jobs, spec_options(body)), record, plan)
 
 

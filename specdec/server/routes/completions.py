@@ -14,7 +14,8 @@ from specdec.server.openapi import Completion, errors, ok
 from specdec.server.protocol import CompletionRequest
 from specdec.server.render import Sub, completion_logprobs, spec_summary, usage_of
 from specdec.server.streaming import collect, event_stream, record_usage
-from specdec.server.submit import Job, check_request, prepare, requested_structure, sampling, spec_options, start
+from specdec.server.submit import (Job, check_request, prepare, request_seed, requested_structure, sampling, spec_options,
+                                   start)
 
 router = APIRouter()
 
@@ -29,11 +30,12 @@ def _jobs(ctx: ServerContext, body: CompletionRequest, structured: StructuredOut
         raise APIError(400, f"at most {4 * ctx.config.max_n} choices (prompts x n) per request", "prompt")
     jobs, subs = [], []
     tok = ctx.ready_engine().tokenizer
+    seed = request_seed(ctx, body)
     for i, p in enumerate(prompts):
         ids, max_tokens = prepare(ctx, p, body.max_tokens, "prompt")
         text = p if isinstance(p, str) else tok.decode(ids)
         for j in range(body.n):
-            jobs.append((ids, sampling(body, max_tokens, body.logprobs, j, structured, salt)))
+            jobs.append((ids, sampling(body, max_tokens, body.logprobs, j, seed, structured, salt)))
             subs.append(Sub(i * body.n + j, i, len(ids), text))
     return jobs, subs
 

@@ -3,7 +3,9 @@
 For each request it first catches its cache up with the committed tokens it has not seen (the
 whole prompt the first time, then the accepted and bonus tokens of the last round), then drafts k
 tokens autoregressively from the *processed* draft distribution: the request's own penalties,
-temperature, top-k/top-p/min-p, applied with the drafts before position j counted as output.
+temperature, top-k/top-p/min-p, applied with the drafts before position j counted as output; a
+Gumbel-coupled request's draft is the argmax of that distribution plus the target's own noise at
+the position (sample/noise.py), so it is kept exactly when the target would have chosen it.
 All speculating requests share each draft forward. After verification the rejected drafts' K/V
 are rolled back and the full blocks of committed tokens are hashed, so the draft pool has a prefix
 cache like the target's: a prompt seen before (a shared system prompt, the next turn of a chat, a
@@ -26,6 +28,7 @@ from specdec.request import Request
 from specdec.runner.model_runner import ModelRunner
 from specdec.runner.threads import ThreadTuner, thread_tuner
 from specdec.sample.logits_processors import process_logits
+from specdec.sample.noise import coupled_argmax
 from specdec.sample.sampler import make_generator
 from specdec.grammar import Lookahead
 from specdec.speculation.proposers.base import BuildContext, DraftProposal, Drafts
@@ -166,6 +169,8 @@ class DraftModelProposer:
         processed = process_logits(logits, p, req.prompt_token_ids, req.output_token_ids + drafts)
         if p.greedy:
             return int(processed.argmax()), None
+        if req.noise_key is not None:  # coupled: the target's noise at this position, no distribution needed
+            return coupled_argmax(processed, req.noise_key, len(req.output_token_ids) + len(drafts)), None
         q = torch.softmax(processed.cpu(), dim=-1)  # on the CPU, as the engine's sampler: one stream per seed
         g = self._generators.get(req.request_id)
         if g is None:  # drafts get their own stream so a seed fixes them too
