@@ -34,6 +34,7 @@ START, END = "<!-- generated:", "<!-- end generated -->"
 MACHINES = {
     "zen4": ("Zen 4", "Zen 4 VM (AMD EPYC family 25, 2 vCPU, AVX-512)"),
     "zen1": ("Zen 1", "Zen 1 VM (AMD EPYC family 23, 2 vCPU, AVX2 only)"),
+    "zen3": ("Zen 3", "Zen 3 VM (AMD EPYC family 25 model 1, 2 vCPU, AVX2 only: no AVX-512, no VNNI)"),
     "h200": ("H200", "NVIDIA H200 GPU (torch 2.11, CUDA 13)"),
     "xeon": ("Xeon", "Intel Xeon (Sapphire Rapids: AVX-512, VNNI; AMX not exposed), 2 vCPU"),
     "xeon-amx": ("Xeon", "Intel Xeon (Sapphire Rapids: AVX-512, VNNI; AMX exposed, unused by specdec), 2 vCPU"),
@@ -124,6 +125,14 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                                 "minutes, every completed answer checked against its plain reference"),
     "bench-soak-checked-ray2-kill-xeon": ("2026-12-03", "xeon-amx", "two replicas of the default pair on Ray "
                                           "Serve, one killed mid-run, every completed answer checked"),
+    "bench-coupling-zen3": ("2026-12-04", "zen3", "acceptance of the 0.5B draft under Gumbel coupling and under "
+                            "rejection sampling, by set and temperature, and seeded exactness on hold-out prompts"),
+    "bench-soak-checked-zen3": ("2026-12-04", "zen3", "one server process, the default pair drafting k = 4 every "
+                                "step, 4 clients for 10 minutes, every completed answer checked against its plain "
+                                "reference"),
+    "bench-soak-checked-ray2-kill-zen3": ("2026-12-04", "zen3", "two replicas of the default pair on Ray Serve "
+                                          "drafting k = 4 every step, one killed mid-run, every completed answer "
+                                          "checked"),
     "kld-zen4": ("2026-12-02", "zen4", "each mode against float32 with Q6_K at 6 bits and Q4_K's integer "
                  "minimums; the second half of each chunk scored"),
     "bench-peers-zen4": ("2026-12-02", "zen4", "int4-a8 (auto) beside llama.cpp and OpenVINO GenAI, their "
