@@ -138,3 +138,33 @@ def test_steps_bench_times_rows_per_model_and_precision(tmp_path, monkeypatch, c
     assert main(["bench", "steps", "--shapes", "nonesuch", "--out", str(tmp_path / "x.json")]) == 2
     assert main(["bench", "steps", "--precisions", "int4", "--out", str(tmp_path / "x.json")]) == 2
     assert "no shapes for" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+
+
+def test_steps_bench_states_integer_modes_against_the_machines_peaks(tmp_path, monkeypatch, tiny_qwen):
+    """An integer mode on a real (tiny) GGUF: the read bandwidth and the int8 peak are measured, and
+    every forward gets its bound (the larger of the weights' read time and its multiply-adds' time)."""
+    from specdec.bench import steps
+    from specdec.models.loader import load_model
+    from specdec.quant import kernel
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    name = str(tiny_qwen)
+    monkeypatch.setattr(steps, "SHAPES", {name: load_model(name, "float32", progress=False).config})
+    out = tmp_path / "steps.json"
+    assert main(["bench", "steps", "--shapes", name, "--precisions", "int4-a8", "--rows", "1,2,9", "--context", "16",
+                 "--repeats", "1", "--out", str(out), "--plot", ""]) == 0
+    report = json.loads(out.read_text())
+    peaks = report["peaks"]
+    assert peaks["read_gb_s"] > 0 and peaks["int8_macs_per_s"] > 0 and peaks["isa"] in ("avx2", "avx512-vnni")
+    work = report["work_per_step"][f"{name} int4-a8"]
+    assert work["bytes"] > 0 and work["macs_per_row"] > 0
+    for r in report["results"]:
+        assert r["bound_ms"] == pytest.approx(steps.bound_ms(work, r["rows"], peaks)) and r["x_bound"] > 0
+        assert (r["r"] is None) == (r["rows"] == 1)
+
+
+def test_a_steps_bound_is_the_larger_of_memory_and_compute():
+    from specdec.bench.steps import bound_ms
+    work, peaks = {"bytes": 1e9, "macs_per_row": 1e9}, {"read_gb_s": 10.0, "int8_macs_per_s": 100e9}
+    assert bound_ms(work, 1, peaks) == pytest.approx(100.0)    # the weights' read: 0.1 s
+    assert bound_ms(work, 17, peaks) == pytest.approx(170.0)   # 17 rows' multiply-adds: 0.17 s

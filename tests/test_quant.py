@@ -187,6 +187,38 @@ def test_kernel_and_fallback_agree_and_mixed_parts_fill_their_columns(monkeypatc
         assert ((y.double() - ref).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("act,names", [(8, ["Q4_K", "Q5_0", "Q6_K", "Q4_K", "Q8_0"]), (16, ["Q4_K", "Q6_K", "Q4_K"])],
+                         ids=["int4-a8", "int4-a16"])
+def test_a_fused_projection_equals_its_parts_called_alone(act, names):
+    """q|k|v-like parts of mixed layouts in one `qlinear_parts` call (x rounded once per way the parts
+    read it, one fork): every part's columns are bitwise what it gives alone, at 1 to 70 rows."""
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    from specdec.quant.decoder import describe_linear
+    keep: list = []
+    fused = QuantLinear([LAYERS[n] for n in names], act)
+    desc = describe_linear(fused, None, keep)
+    for rows in (1, 2, 5, 8, 9, 17, 70):
+        x = torch.randn(rows, COLS, generator=torch.Generator().manual_seed(rows))
+        out = torch.full((rows, desc.n), float("nan"))
+        assert kernel._lib().qlinear_parts(x.data_ptr(), rows, COLS, desc.parts, desc.num_parts, out.data_ptr(),
+                                           desc.n, 2) == 0
+        alone = torch.cat([QuantLinear([LAYERS[n]], act)(x) for n in names], dim=1)
+        assert torch.equal(out, alone), rows
+
+
+def test_a_projection_with_a_part_off_the_integer_paths_is_refused_unwritten():
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    from specdec.quant.decoder import describe_linear
+    keep: list = []
+    desc = describe_linear(QuantLinear([LAYERS["Q4_K"], LAYERS["Q4_0"]], 0), None, keep)  # weight-only
+    x, out = torch.randn(3, COLS), torch.zeros(3, desc.n)
+    assert kernel._lib().qlinear_parts(x.data_ptr(), 3, COLS, desc.parts, desc.num_parts, out.data_ptr(),
+                                       desc.n, 2) == -1
+    assert not out.any()
+
+
 def test_kernel_refuses_an_unsupported_layout():
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
@@ -202,7 +234,8 @@ def _c_type(decl: str, structs: dict[str, type]) -> tuple[str, object]:
     base = ctype.rstrip("*").strip()
     if ctype.endswith("*"):
         return name, ctypes.POINTER(structs[base]) if base in structs else ctypes.c_void_p
-    return name, structs.get(base) or {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}[base]
+    return name, structs.get(base) or {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float,
+                                   "double": ctypes.c_double}[base]
 
 
 def test_the_ctypes_table_follows_the_header():
@@ -215,11 +248,11 @@ def test_the_ctypes_table_follows_the_header():
     for name, body in declared.items():
         fields = [_c_type(f, structs) for f in body.split(";") if f.strip()]
         assert fields == list(structs[name]._fields_), name
-    functions = re.findall(r"\b(int|void) (\w+)\(([^)]*)\);", text)
+    functions = re.findall(r"\b(int|void|double) (\w+)\(([^)]*)\);", text)
     assert [f[1] for f in functions] == list(kernel.SIGNATURES)
     for result, name, params in functions:
         restype, args = kernel.SIGNATURES[name]
-        assert restype is (ctypes.c_int if result == "int" else None), name
+        assert restype is {"int": ctypes.c_int, "double": ctypes.c_double, "void": None}[result], name
         assert [_c_type(p, structs) for p in params.split(",")] == args, name
 
 

@@ -117,6 +117,8 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                                "after the step as values, every precision (a one-off script)"),
     "bench-steps-a8-zen4": ("2026-12-02", "zen4", "forward cost by new rows, the real file, timed interleaved: "
                             "llama.cpp, int4-a8 with Q6_K at 6 bits and integer minimums, int4-a16"),
+    "bench-steps-roofline-zen3": ("2026-12-04", "zen3", "forward cost by new rows against this machine's bound, "
+                                  "the draft and the target, int4-a8"),
     "bench-tool-speed-xeon": ("2026-12-03", "xeon-amx", "a named tool call under its grammar against as many free "
                               "tokens, the default pair with draft-model speculation"),
     "bench-coupling-xeon": ("2026-12-03", "xeon-amx", "acceptance of the 0.5B draft under Gumbel coupling and under "
@@ -609,14 +611,25 @@ def view_steps(data: dict) -> str:
     for r in data["results"]:
         v = r.get("vs_first_precision")
         ratio = f" ({v['median']:.2f}× [{v['min']:.2f}–{v['max']:.2f}])" if v and r["precision"] != first else ""
-        cells.setdefault((r["model"], r["precision"]), {})[r["rows"]] = num(r["ms"], 1) + ratio
+        bound = f" ({100 / r['x_bound']:.0f} % of bound)" if r.get("x_bound") else ""
+        cells.setdefault((r["model"], r["precision"]), {})[r["rows"]] = num(r["ms"], 1) + ratio + bound
     rows = [[f"{m}, {p}"] + [by.get(n, "—") for n in counts] for (m, p), by in cells.items()]
     text = table(["model, dtype"] + [f"{n} row{'s' if n > 1 else ''}" for n in counts], rows)
-    if data.get("interleaved"):
+    if data.get("interleaved") and len({p for _, p in cells}) > 1:
         text += (f"\n\nms per forward, median of {data['repeats']} interleaved rounds; in brackets the per-round "
                  f"ratio to {first}.")
+    elif data.get("interleaved"):
+        text += f"\n\nms per forward, median of {data['repeats']} interleaved rounds."
     ratios = ", ".join(f"{p} {v['c']:.2f}" for p, v in data.get("draft_cost_ratio", {}).items())
-    return text + (f"\n\nDraft cost ratio c (0.5B / 1.5B at one row): {ratios}." if ratios else "")
+    text += f"\n\nDraft cost ratio c (0.5B / 1.5B at one row): {ratios}." if ratios else ""
+    peaks = data.get("peaks")
+    if peaks:
+        rates = ", ".join(f"{v / 1e9:.0f} G on {t} thread{'s' * (int(t) > 1)}"
+                          for t, v in peaks["int8_macs_per_s_by_threads"].items())
+        text += (f"\n\nThis machine's peaks, measured in the run: read {peaks['read_gb_s']:.1f} GB/s; int8 "
+                 f"multiply-adds ({peaks['isa']}) {rates} a second. A forward's bound is the larger of its weights' "
+                 "read time and its rows' multiply-adds at the int8 peak; the percentage is bound / time.")
+    return text
 
 
 def view_row_invariance(data: dict) -> str:

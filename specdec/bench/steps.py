@@ -9,11 +9,14 @@ prefill chunk); median with min-max of `--repeats` rounds, every setting loaded 
 interleaved within each round (`time_settings`). Reports milliseconds, the verification ratio
 t(n) / t(1), each setting's per-round ratio to the first precision listed, and
 c = t_draft(1) / t_target(1) for each draft / target pair: the numbers the cost-model controller
-learns. JSON and a PNG.
+learns. On the CPU, each forward is also stated against its bound on this machine: the larger of its
+memory time (the weights read once at the measured read bandwidth) and its compute time (n rows'
+multiply-adds at the int8 peak the kernels' own instructions reach, `kernel.int8_peak`). JSON and a PNG.
 """
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 import time
@@ -69,15 +72,53 @@ def _weights(name: str, precision: str, device: torch.device) -> tuple[LlamaConf
     return loaded.config, loaded.weights
 
 
+def _kernel_available() -> bool:
+    from specdec.quant import kernel
+    return kernel.available()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def work_per_step(cfg: LlamaConfig, weights: dict, context: int) -> dict:
+    """What one forward must do at least: bytes read (every weight as held, once; `bandwidth.py`) and
+    multiply-adds per row (every matrix but the embedding table, and attention's two products over the
+    context)."""
+    from specdec.bench.bandwidth import weight_bytes_per_token
+    macs = sum(math.prod(w.shape) for name, w in weights.items()
+               if name != "embed" and len(w.shape) == 2 and not name.endswith("_bias"))
+    macs += 2 * context * cfg.num_heads * cfg.head_dim * cfg.num_layers
+    return {"bytes": weight_bytes_per_token(weights, cfg.tie_embeddings), "macs_per_row": macs}
+
+
+def bound_ms(work: dict, rows: int, peaks: dict) -> float:
+    """The larger of the weights' read time and `rows` rows' multiply-adds at the int8 peak."""
+    memory = work["bytes"] / (peaks["read_gb_s"] * 1e9)
+    compute = rows * work["macs_per_row"] / peaks["int8_macs_per_s"]
+    return 1e3 * max(memory, compute)
+
+
+def measure_peaks(threads: int) -> dict:
+    """This machine's read bandwidth and int8 multiply-add rate (on 1 and on `threads` threads), with
+    the instruction set the integer kernels use."""
+    from specdec.bench.bandwidth import measure_read_bandwidth
+    from specdec.quant import kernel
+    by_threads = {t: kernel.int8_peak(t) for t in sorted({1, threads})}
+    peaks = {"read_gb_s": measure_read_bandwidth(num_threads=threads), "isa": kernel.isa(),
+             "int8_macs_per_s": by_threads[threads], "int8_macs_per_s_by_threads": by_threads}
+    print(f"steps: peaks: read {peaks['read_gb_s']:.1f} GB/s; int8 {peaks['isa']} "
+          + ", ".join(f"{r / 1e9:.0f} G multiply-adds/s on {t} thread{'s' * (t > 1)}" for t, r in by_threads.items()),
+          file=sys.stderr, flush=True)
+    return peaks
 
 
 class EngineRows:
     """Forwards of n new rows of one sequence after `context` tokens, through the engine's ModelRunner."""
 
     def __init__(self, cfg: LlamaConfig, weights: dict, device: torch.device, rows: list[int], context: int) -> None:
+        self.work = work_per_step(cfg, weights, context)
         block_size = 16
         blocks = -(-(context + max(rows)) // block_size)
         self.device, self.context = device, context
@@ -115,6 +156,7 @@ class LlamaCppRows:
         if not is_installed():
             raise ValueError("steps: the llama.cpp peer is not installed "
                              "(specdec bench --peers llama.cpp --install-peers)")
+        self.work = None  # llama.cpp's own layouts: its bytes are not ours to count
         self.context, self.tokens = context, _tokens(SHAPES[name].vocab_size, context + max(rows))
         self.peer = LlamaCppPeer(PEER, resolve(name)[1], torch.get_num_threads(), context + max(rows) + 1,
                                  logits_all=True)
@@ -160,20 +202,29 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
     if unknown:
         raise ValueError(f"no shapes for {unknown}; known: {', '.join(SHAPES)}")
     settings = {}
+    with_bounds = dev.type == "cpu" and bool(set(precisions) & set(INT_MODES)) and _kernel_available()
+    peaks = measure_peaks(torch.get_num_threads()) if with_bounds else None
     try:
         for precision in precisions:
             for name in models:
                 print(f"steps: loading {name} {precision} on {device} ...", file=sys.stderr, flush=True)
                 settings[(precision, name)] = _setting(name, precision, dev, rows, context)
         times = time_settings(settings, rows, repeats)
+        works = {key: setting.work for key, setting in settings.items()}
     finally:
         for setting in settings.values():
             setting.close()
     results = [_result(name, precision, n, times[(precision, name)], times[(precisions[0], name)], rows[0])
                for precision in precisions for name in models for n in rows]
     for r in results:
+        work = works.get((r["precision"], r["model"]))
+        if peaks and work and r["precision"] in INT_MODES:
+            r["bound_ms"] = bound_ms(work, r["rows"], peaks)
+            r["x_bound"] = r["ms"] / r["bound_ms"]
+        price = f" (r {r['r']:.3f})" if r["r"] is not None else ""
+        bound = f"  bound {r['bound_ms']:7.2f} ms ({100 / r['x_bound']:3.0f} %)" if "bound_ms" in r else ""
         print(f"  {r['model']} {r['precision']} {r['rows']:4d} rows: {r['ms']:9.2f} ms [{r['ms_min']:.2f}-"
-              f"{r['ms_max']:.2f}]  {r['vs_first_row_count']:.2f}x one row", file=sys.stderr, flush=True)
+              f"{r['ms_max']:.2f}]  {r['vs_first_row_count']:.2f}x one row{price}{bound}", file=sys.stderr, flush=True)
     cost_ratios = {}
     for precision in precisions:
         by_model = {r["model"]: r["ms"] for r in results if r["precision"] == precision and r["rows"] == rows[0]}
@@ -183,7 +234,9 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
     report = {"device": device, "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "threads": torch.get_num_threads(), "context": context, "repeats": repeats,
               "weights": "the real files" if set(precisions) <= {*INT_MODES, PEER} else "random, real shapes",
-              "interleaved": True, "results": results, "draft_cost_ratio": cost_ratios}
+              "interleaved": True, "peaks": peaks,
+              "work_per_step": {f"{m} {p}": w for (p, m), w in works.items() if w}, "results": results,
+              "draft_cost_ratio": cost_ratios}
     atomic_write_text(Path(out), json.dumps(report, indent=1))
     if plot:
         _plot(report, plot)
@@ -197,6 +250,9 @@ def _result(name: str, precision: str, n: int, times: dict, first: dict, one_row
     vs_first = [a / b for a, b in zip(times[n], first[n])]
     return {"model": name, "precision": precision, "rows": n, "ms": statistics.median(ms), "ms_min": min(ms),
             "ms_max": max(ms), "vs_first_row_count": statistics.median(times[n]) / statistics.median(times[one_row]),
+            # r: what each row past the first costs, as a fraction of a one-row step (the cost model's price)
+            "r": (statistics.median(times[n]) / statistics.median(times[one_row]) - 1) / (n - one_row)
+            if n > one_row else None,
             "vs_first_precision": {"median": statistics.median(vs_first), "min": min(vs_first),
                                    "max": max(vs_first)}}
 

@@ -11,8 +11,14 @@
 
 namespace {
 
-// y[:, :n] = x @ W.T (+ bias), each part into its own columns. Returns nonzero on an unsupported layout.
-int linear(const Linear& l, const float* x, int64_t rows, int64_t k, float* y, int threads) {
+bool integer_parts(const Linear& l) {
+    for (int64_t p = 0; p < l.num_parts; ++p)
+        if (l.parts[p].dense || !l.parts[p].act) return false;
+    return true;
+}
+
+// Part by part, each into its own columns (float32 weights, weight-only int4).
+int each_part(const Linear& l, const float* x, int64_t rows, int64_t k, float* y, int threads) {
     int64_t col = 0;
     for (int64_t p = 0; p < l.num_parts; ++p) {
         const Part& part = l.parts[p];
@@ -23,6 +29,15 @@ int linear(const Linear& l, const float* x, int64_t rows, int64_t k, float* y, i
         if (rc) return rc;
         col += part.n;
     }
+    return 0;
+}
+
+// y[:, :n] = x @ W.T (+ bias): with integer activations all parts in one call (x rounded once, one
+// fork), else part by part. Returns nonzero on an unsupported layout.
+int linear(const Linear& l, const float* x, int64_t rows, int64_t k, float* y, int threads) {
+    int rc = integer_parts(l) ? qlinear_parts(x, rows, k, l.parts, l.num_parts, y, l.n, threads)
+                              : each_part(l, x, rows, k, y, threads);
+    if (rc) return rc;
     if (l.bias)
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t j = 0; j < l.n; ++j) y[r * l.n + j] += l.bias[j];

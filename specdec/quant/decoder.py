@@ -58,22 +58,7 @@ class FusedDecoder:
         return cls(cfg, layers, final_norm)
 
     def _linear(self, weight: QuantLinear | torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
-        parts = _parts(weight)
-        act = weight.act if isinstance(weight, QuantLinear) else 0
-        arr = (Part * len(parts))()
-        for slot, (p, sub, mins) in zip(arr, parts):
-            if isinstance(p, QuantTensor):
-                slot.n, slot.bits, slot.group, slot.act = p.rows, p.bits, p.group, p.act_of(act)
-                slot.codes, slot.scale, slot.offset = p.codes.data_ptr(), p.scale.data_ptr(), _ptr(p.offset)
-                if sub is not None:
-                    slot.sub, slot.dsup = sub.data_ptr(), p.super_scale.data_ptr()
-                if mins is not None:
-                    slot.mins, slot.dmin = mins.data_ptr(), p.super_min.data_ptr()
-            else:
-                slot.n, slot.dense = p.shape[0], p.data_ptr()
-        self._keep.append(arr)
-        n = sum(slot.n for slot in arr)
-        return Linear(ctypes.cast(arr, ctypes.POINTER(Part)), len(parts), n, _ptr(bias))
+        return describe_linear(weight, bias, self._keep)
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 row_contexts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
@@ -101,6 +86,27 @@ class FusedDecoder:
             raise RuntimeError("decoder_forward: a linear layer's layout is not supported by the kernel")
         return out
 
+
+
+def describe_linear(weight: QuantLinear | torch.Tensor, bias: torch.Tensor | None, keep: list) -> Linear:
+    """A linear layer as `kernels.h`'s struct: its parts side by side. The Part array goes into `keep`,
+    which must outlive every call that reads it."""
+    parts = _parts(weight)
+    act = weight.act if isinstance(weight, QuantLinear) else 0
+    arr = (Part * len(parts))()
+    for slot, (p, sub, mins) in zip(arr, parts):
+        if isinstance(p, QuantTensor):
+            slot.n, slot.bits, slot.group, slot.act = p.rows, p.bits, p.group, p.act_of(act)
+            slot.codes, slot.scale, slot.offset = p.codes.data_ptr(), p.scale.data_ptr(), _ptr(p.offset)
+            if sub is not None:
+                slot.sub, slot.dsup = sub.data_ptr(), p.super_scale.data_ptr()
+            if mins is not None:
+                slot.mins, slot.dmin = mins.data_ptr(), p.super_min.data_ptr()
+        else:
+            slot.n, slot.dense = p.shape[0], p.data_ptr()
+    keep.append(arr)
+    n = sum(slot.n for slot in arr)
+    return Linear(ctypes.cast(arr, ctypes.POINTER(Part)), len(parts), n, _ptr(bias))
 
 def _supported(weight: object) -> bool:
     """Whether the C++ loop runs this linear layer as `layers.linear` would: packed parts in a

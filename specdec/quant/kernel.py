@@ -24,7 +24,7 @@ import torch
 from specdec.config import specdec_home
 
 SOURCES = [Path(__file__).with_name(f) for f in ("qlinear.cpp", "qlinear_vnni.cpp", "layer_ops.cpp", "decoder.cpp")]
-HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "simd.h", "qlinear.h")]  # included: hashed too
+HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "simd.h", "qlinear.h", "projection.h", "peak.h")]  # included: hashed too
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=c++17"]
 # instruction sets a source is built for beyond AVX2; its code runs only where the CPU has them (kernel_isa)
 EXTRA_FLAGS = {"qlinear_vnni.cpp": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]}
@@ -63,6 +63,9 @@ SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
     "kernel_isa": (_int, [("request", _int)]),
     "dense_linear": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("w", _ptr), ("n", _i64), ("y", _ptr),
                             ("ldy", _i64), ("threads", _int)]),
+    "qlinear_parts": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("parts", ctypes.POINTER(Part)),
+                             ("num_parts", _i64), ("y", _ptr), ("ldy", _i64), ("threads", _int)]),
+    "int8_peak": (ctypes.c_double, [("threads", _int), ("seconds", ctypes.c_double)]),
     "rms_norm": (None, [("x", _ptr), ("ldx", _i64), ("delta", _ptr), ("ldd", _i64), ("rows", _i64), ("h", _i64),
                         ("w", _ptr), ("eps", _f32), ("out", _ptr), ("threads", _int)]),
     "rope": (None, [("x", _ptr), ("ldx", _i64), ("rows", _i64), ("heads", _i64), ("d", _i64), ("positions", _ptr),
@@ -192,6 +195,12 @@ def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: 
                      super_min.data_ptr() if super_min is not None else None)
     if rc != 0:
         raise ValueError(f"qlinear: unsupported layout bits={bits} group={group} k={x.shape[1]}")
+
+
+def int8_peak(threads: int, seconds: float = 0.2, runs: int = 3) -> float:
+    """This core's int8 multiply-add rate on `threads` threads, in multiply-adds a second, with the
+    instructions the integer paths use now (`isa`): the best of `runs` runs of about `seconds`."""
+    return max(_lib().int8_peak(threads, seconds) for _ in range(runs))
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:

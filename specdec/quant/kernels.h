@@ -63,6 +63,9 @@ int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const 
 int kernel_isa(int request);
 int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y, int64_t ldy,
                  int threads);
+int qlinear_parts(const float* x, int64_t rows, int64_t k, const Part* parts, int64_t num_parts, float* y,
+                  int64_t ldy, int threads);
+double int8_peak(int threads, double seconds);
 
 // layer_ops.cpp: the decoder's glue
 void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t rows, int64_t h, const float* w,

@@ -1,6 +1,7 @@
-// The C entry points of the linear layers (kernels in qlinear.h, built here for AVX2) and the choice of
-// instruction set for the integer-activation paths.
-#include "qlinear.h"
+// The C entry points of the linear layers (kernels in qlinear.h and projection.h, built here for AVX2)
+// and the choice of instruction set for the integer-activation paths.
+#include "peak.h"
+#include "projection.h"
 
 #include "kernels.h"
 
@@ -13,13 +14,6 @@ int& isa() {
     return value;
 }
 
-// The integer-activation layouts with AVX2 instructions.
-int qlinear_int_avx2(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
-                     const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act,
-                     const int8_t* sub, const float* dsup, const uint8_t* mins, const float* dmin) {
-    return run_int(x, rows, k, bits, group, codes, scale, offset, n, y, ldy, threads, act, sub, dsup, mins, dmin);
-}
-
 }  // namespace
 
 extern "C" {
@@ -28,6 +22,12 @@ int kernel_isa(int request) {
     if (request == KERNEL_ISA_AVX2) isa() = KERNEL_ISA_AVX2;
     else if (request == KERNEL_ISA_VNNI) isa() = best;
     return isa();
+}
+
+// The int8 multiply-add rate of the instructions the integer paths use now (kernel_isa), in multiply-adds
+// a second on `threads` threads, each running independent chains for about `seconds` (peak.h).
+double int8_peak(int threads, double seconds) {
+    return isa() == KERNEL_ISA_VNNI ? int8_peak_vnni(threads, seconds) : int8_peak_rate(threads, seconds);
 }
 
 // x: [rows, k], w: [n, k], both float32 contiguous; y: rows of stride ldy, columns [0, n) written.
@@ -54,12 +54,23 @@ int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const 
             const int8_t* sub, const float* dsup, const uint8_t* mins, const float* dmin) {
     if (k % 32 || (act != 0 && act != 8 && act != 16)) return -1;
     if (act == 16 && !sub) return -1;  // int16: K-quant super-blocks only (decoder.py / packed.py route the rest)
-    if (act) return (isa() == KERNEL_ISA_VNNI ? qlinear_int_vnni : qlinear_int_avx2)(
-                   x, rows, k, bits, group, codes, scale, offset, n, y, ldy, threads, act, sub, dsup, mins, dmin);
+    if (act) {
+        const Part part{n, bits, group, act, codes, scale, offset, dsup, sub, mins, dmin, nullptr};
+        return qlinear_parts(x, rows, k, &part, 1, y, ldy, threads);
+    }
     if (bits == 4 && group == 32) run<4, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
     else if (bits == 8 && group == 32) run<8, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
     else if (bits == 6 && group == 16 && k % 128 == 0) run<6, 16>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
     else return -1;
     return 0;
+}
+
+// Every part of a fused projection (q|k|v, gate|up) in one call, parts side by side in y's columns
+// from 0: x is rounded once for the parts that read it the same way, and the threads fork once. Parts
+// with integer activations only (act 8 or 16; `qlinear`'s layouts). Returns 0, or -1 on another part.
+int qlinear_parts(const float* x, int64_t rows, int64_t k, const Part* parts, int64_t num_parts, float* y,
+                  int64_t ldy, int threads) {
+    return (isa() == KERNEL_ISA_VNNI ? qlinear_parts_vnni : run_projection)(x, rows, k, parts, num_parts, y, ldy,
+                                                                           threads);
 }
 }

@@ -371,24 +371,6 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int block, XOrder or
         }
 }
 
-template <int BITS, int G>
-void run_a8(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale, const float* offset,
-            int64_t n, float* y, int64_t ldy, int threads) {
-    const int64_t blocks = k / 32, groups = k / G;
-    const std::unique_ptr<int8_t[]> xq_buf = buffer<int8_t>(rows * k);
-    const std::unique_ptr<float[]> sx_buf = buffer<float>(rows * blocks);
-    const std::unique_ptr<float[]> sums = offset ? buffer<float>(rows * groups) : nullptr;
-    int8_t* xq = xq_buf.get();
-    float* sx = sx_buf.get();
-    const float* xsum = sums.get();
-    quantize_rows<G>(x, rows, k, 32, XOrder::ELEMENT, xq, sx, sums.get());
-    for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
-                              const void* c, const float* s, const float* o) {
-        tile_a8<BITS, G, decltype(mt)::value>(xq + r * k, sx + r * blocks, k, xsum ? xsum + r * groups : nullptr,
-                                              c, s, o, y + r * ldy + j, ldy);
-    });
-}
-
 // ---- K-quant super-blocks with int8 activations (llama.cpp's Q4_K x Q8_K, Q6_K x Q8_K) ----------------
 // A Q4_K / Q6_K group's scale is d * sub with d one float per 256 values and sub a small integer, so
 // with x rounded per 256 values (one dx) a whole super-block is one exact int32 sum,
@@ -441,6 +423,17 @@ inline void span_tile(int64_t k, const float* dx, const float* dsup, const float
     finish<MT>(acc, k / G, xsum, offset, y, ldy);
 }
 
+#ifndef SPECDEC_PF
+#define SPECDEC_PF 1024
+#endif
+// The codes a fixed distance ahead of those being read, a line at a time: features are contiguous, so
+// the stream runs on into the next feature's codes (a whole feature at once overloads the queue on
+// ffn_down's 4-7 KB rows).
+template <int BYTES>
+inline void prefetch_ahead(const uint8_t* c) {
+    for (int b = 0; b < BYTES; b += 64) _mm_prefetch((const char*)c + SPECDEC_PF + b, _MM_HINT_T0);
+}
+
 #ifdef __AVX512VNNI__
 // 512-bit vpdpbusd over a super-block: four groups a vector. A lane sums 4 (Q6_K) or 8 (Q4_K) products,
 // which fit int16, so one vpmaddwd by (sub, 0) pairs applies the groups' scales. Lanes i and i + 8 hold
@@ -481,6 +474,7 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
         for (int r = 0; r < MT; ++r) z[r] = _mm512_setzero_si512();
         if constexpr (BITS == 4) {
             const uint8_t* c = (const uint8_t*)codes + sb * 128;
+            prefetch_ahead<128>(c);
             for (int q = 0; q < 2; ++q) {  // 128 values: groups 4q .. 4q + 3
                 const __m512i raw = _mm512_loadu_si512(c + 64 * q);
                 const __m512i lo = _mm512_and_si512(raw, m), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m);
@@ -495,6 +489,7 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
             }
         } else {
             const uint8_t* c = (const uint8_t*)codes + sb * 192;
+            prefetch_ahead<192>(c);
             for (int h = 0; h < 2; ++h) {  // 128 values: groups 8h .. 8h + 7
                 __m512i u[2];
                 codes6_512(c + 96 * h, u);
@@ -528,6 +523,7 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
         widen_scales<256 / G>(sub + sb * (256 / G), s);
         if constexpr (BITS == 4) {
             const uint8_t* c = (const uint8_t*)codes + sb * 128;
+            prefetch_ahead<128>(c);
             for (int p = 0; p < 4; ++p) {  // 64 values: groups 2p and 2p + 1 of this super-block
                 const __m256i raw = load256(c + 32 * p);
                 const __m256i lo = _mm256_and_si256(raw, m), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m);
@@ -541,6 +537,7 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
             }
         } else {
             const uint8_t* c = (const uint8_t*)codes + sb * 192;
+            prefetch_ahead<192>(c);
             for (int h = 0; h < 2; ++h) {  // 128 values: groups 8h .. 8h + 7
                 __m256i u[4];
                 codes6(c + 96 * h, u);
@@ -680,91 +677,6 @@ inline float min_dot(const int16_t* isum, const uint8_t* m, const float* dmin, c
     return hsum(acc) + tail;
 }
 
-// The per-super-block scales a K-quant part brings to the integer paths: its integer group scales and
-// d per 256 values; for Q4_K under int4-a8 also its integer minimums and dmin per 256 values (else null).
-struct Supers {
-    const int8_t* sub;
-    const float* dsup;
-    const uint8_t* mins;
-    const float* dmin;
-};
-
-// Either super-block path over every feature: x rounded per 256 values to int8 (ACT 8, int4-a8) or
-// int16 (ACT 16, int4-a16), then the tile of that rounding.
-template <int BITS, int ACT>
-void run_super(const float* x, int64_t rows, int64_t k, const void* codes, const float* scale,
-               const float* offset, Supers su, int64_t n, float* y, int64_t ldy, int threads) {
-    using XQ = std::conditional_t<ACT == 8, int8_t, int16_t>;
-    constexpr int G = BITS == 4 ? 32 : 16;
-    const int64_t supers = k / 256, groups = k / G;
-    const int8_t* sub = su.sub;
-    const float* dsup = su.dsup;
-    const bool int_mins = ACT == 8 && su.mins;
-    const std::unique_ptr<XQ[]> xq_buf = buffer<XQ>(rows * k);
-    const std::unique_ptr<float[]> dx_buf = buffer<float>(rows * supers);
-    // int4-a8: each group's integer sum of the rounded x (Q6_K's unsigned6_correction, Q4_K's min_dot)
-    const std::unique_ptr<int16_t[]> isums =
-        ACT == 8 && (BITS == 6 || int_mins) ? buffer<int16_t>(rows * groups) : nullptr;
-    // float offsets: under int4-a8 on the rounded x (quantize_rows); int4-a16's rounding is 256 times
-    // finer and its offsets see the unrounded x
-    std::unique_ptr<float[]> sums = nullptr;
-    if (offset && !int_mins) sums = ACT == 8 ? buffer<float>(rows * groups) : group_sums<G>(x, rows, k);
-    XQ* xq = xq_buf.get();
-    float* dx = dx_buf.get();
-    const float* xsum = sums.get();
-    if constexpr (ACT == 8)
-        quantize_rows<G>(x, rows, k, 256, BITS == 4 ? SUPER_X4 : XOrder::ELEMENT, xq, dx, sums.get(), isums.get());
-    else quantize_rows16(x, rows, k, xq, dx);
-    for_each_feature<BITS, G>(n, rows, k, codes, scale, offset, threads, [&](auto mt, int64_t j, int64_t r,
-                              const void* c, const float*, const float* o) {
-        constexpr int MT = decltype(mt)::value;
-        const float* xs = xsum ? xsum + r * groups : nullptr;
-        const int16_t* is = isums ? isums.get() + r * groups : nullptr;
-        if constexpr (ACT == 8) {
-            tile_super<BITS, MT>(xq + r * k, dx + r * supers, k, xs, is, c, sub + j * groups, dsup + j * supers,
-                                 int_mins ? nullptr : o, y + r * ldy + j, ldy);
-            if (int_mins)
-                for (int i = 0; i < MT; ++i)
-                    y[(r + i) * ldy + j] -= min_dot(is + i * groups, su.mins + j * groups, su.dmin + j * supers,
-                                                    dx + (r + i) * supers, supers);
-        } else
-            tile_a16<BITS, MT>(xq + r * k, dx + r * supers, k, xs, c, sub + j * groups, dsup + j * supers, o,
-                               y + r * ldy + j, ldy);
-    });
-}
-
-// run_super for a layout given at run time: Q4_K (bits 4, group 32) or Q6_K (bits 6, group 16); -1 otherwise.
-template <int ACT>
-int run_super_layout(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
-                     const float* scale, const float* offset, Supers su, int64_t n, float* y, int64_t ldy,
-                     int threads) {
-    if (bits == 4 && group == 32) run_super<4, ACT>(x, rows, k, codes, scale, offset, su, n, y, ldy, threads);
-    else if (bits == 6 && group == 16 && !su.mins)
-        run_super<6, ACT>(x, rows, k, codes, scale, offset, su, n, y, ldy, threads);
-    else return -1;
-    return 0;
-}
-
-// The integer-activation layouts (act 8 or 16; checked by `qlinear`), with this translation unit's
-// instructions.
-inline int run_int(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes, const float* scale,
-                   const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int8_t* sub,
-                   const float* dsup, const uint8_t* mins, const float* dmin) {
-    if (act && sub) {  // K-quant super-blocks: one exact integer sum per 256 (or 128) values
-        if (k % 256 || (mins && (act != 8 || !dmin))) return -1;
-        const Supers su{sub, dsup, mins, dmin};
-        return (act == 16 ? run_super_layout<16> : run_super_layout<8>)(x, rows, k, bits, group, codes, scale, offset,
-                                                                        su, n, y, ldy, threads);
-    }
-    if (act == 8) {
-        if (bits == 4 && group == 32) run_a8<4, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
-        else if (bits == 8 && group == 32) run_a8<8, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
-        else return -1;
-        return 0;
-    }
-    return -1;
-}
-
 // ---- dense float32 weights (precision float32 on CPU) ------------------------------------------------
 // A tile of MT rows x NF output features: each weight vector is loaded once for MT rows and each x vector
 // once for NF features (12 FMAs per 7 loads at 4 x 3), which is what makes many rows cheaper per row
@@ -809,8 +721,3 @@ void dense(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, f
 
 }  // namespace
 
-// The integer-activation paths (act 8 or 16) of `qlinear`, built for AVX-512 VNNI (qlinear_vnni.cpp);
-// called only where the CPU has it. Returns as `qlinear` does.
-int qlinear_int_vnni(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
-                     const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act,
-                     const int8_t* sub, const float* dsup, const uint8_t* mins, const float* dmin);
