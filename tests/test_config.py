@@ -81,6 +81,7 @@ def test_groups_validate_their_fields():
                          (lambda: ControllerConfig(draft_cost_ratio=-0.1), r"controller\.draft_cost_ratio"),
                          (lambda: DraftConfig(precision="fp8"), r"draft\.precision"),
                          (lambda: DraftConfig(extra_models="x"), r"draft\.extra_models"),
+                         (lambda: DraftConfig(requantize="q2_k"), r"draft\.requantize"),
                          (lambda: SuffixConfig(max_tokens=64), r"suffix\.max_tokens"),
                          (lambda: SpeculativeConfig(controller={"min_gian": 0.1}),
                           r"unknown key speculative\.controller\.min_gian")):

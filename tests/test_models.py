@@ -207,3 +207,33 @@ def test_hugging_face_folder_unknown_architecture(home, tmp_path):
     (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ModelFileError, match="not a readable safetensors"):
         load_model(str(folder), progress=False)
+
+
+def test_a_requantized_draft_packs_its_wide_matrices_at_4_bits(home, tiny_llama):
+    """`requant="q4_1"` packs the Q5_0 / Q8_0 matrices (int8 codes as held) again as 4-bit codes with a
+    scale and a minimum per 32 values, close to the file's values, in a cache of its own."""
+    from specdec.quant.packed import QuantLinear
+    file = load_model(str(tiny_llama), "int4-a8", progress=False)
+    q4 = load_model(str(tiny_llama), "int4-a8", progress=False, requant="q4_1")
+    assert q4.requantized == "q4_1" and file.requantized is None and not q4.cache_hit
+    narrowed = 0
+    for name, w in file.weights.items():
+        if not isinstance(w, QuantLinear):
+            continue
+        for a, b in zip(w.parts, q4.weights[name].parts):
+            if getattr(a, "bits", None) == 8:  # Q5_0 / Q8_0 in the file
+                assert (b.bits, b.group) == (4, 32) and b.offset is not None
+                ref, got = a.dequantize(), b.dequantize()
+                steps = (ref.view(ref.shape[0], -1, 32).amax(-1) - ref.view(ref.shape[0], -1, 32).amin(-1)) / 15
+                # round to nearest of 16 levels: within half a step, plus float16 scale and minimum
+                assert ((got - ref).abs().view_as(steps.unsqueeze(-1).expand(-1, -1, 32)) <=
+                        0.51 * steps.unsqueeze(-1) + 1e-3).all(), name
+                narrowed += 1
+            elif hasattr(a, "bits"):
+                assert b.bits == a.bits and (b.codes == a.codes).all(), name  # other types as the file's
+    assert narrowed > 0
+    assert load_model(str(tiny_llama), "int4-a8", progress=False, requant="q4_1").cache_hit
+    with pytest.raises(ValueError, match="int4 precision"):
+        load_model(str(tiny_llama), "float32", progress=False, requant="q4_1")
+    with pytest.raises(ValueError, match="requantize must be one of"):
+        load_model(str(tiny_llama), "int4-a8", progress=False, requant="q2")

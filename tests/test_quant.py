@@ -356,9 +356,10 @@ def test_an_older_packed_cache_is_packed_again(tiny_kquant, tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("precision", ["int4", "int4-a16", "int4-a8"])
-@pytest.mark.parametrize("method,draft", [("ngram", None), ("draft_model", "tiny_llama")])
+@pytest.mark.parametrize("method,draft,requantize", [("ngram", None, None), ("draft_model", "tiny_llama", None),
+                                                    ("draft_model", "tiny_llama", "q4_1")])
 @pytest.mark.parametrize("target", ["tiny_qwen", "tiny_kquant"])
-def test_int4_speculative_equals_plain_greedy(target, request, method, draft, precision):
+def test_int4_speculative_equals_plain_greedy(target, request, method, draft, requantize, precision):
     model = str(request.getfixturevalue(target))
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     prompts = ["hello there", "the cat sat on the mat and then the cat sat on the mat", "a"]
@@ -366,8 +367,12 @@ def test_int4_speculative_equals_plain_greedy(target, request, method, draft, pr
     ref = [o.token_ids for o in plain.generate(prompts, params)]
     cfg = engine_config(model, precision=precision)
     cfg.speculative = SpeculativeConfig(method=method, num_speculative_tokens=3, policy="fixed",
-                                        draft_model=str(request.getfixturevalue(draft)) if draft else None)
+                                        draft_model=str(request.getfixturevalue(draft)) if draft else None,
+                                        draft={"requantize": requantize})
     spec = LLM(config=cfg, progress=False)
+    if requantize:  # the draft's own weights, requantized: only acceptance may change
+        drafts = spec.engine.speculator.drafts
+        assert drafts.proposers[drafts.default_id].loaded.requantized == requantize
     outs = spec.generate(prompts, params)
     assert [o.token_ids for o in outs] == ref
     assert all(o.stats.precision == precision for o in outs)

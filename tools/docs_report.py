@@ -119,6 +119,8 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                             "llama.cpp, int4-a8 with Q6_K at 6 bits and integer minimums, int4-a16"),
     "bench-steps-roofline-zen3": ("2026-12-04", "zen3", "forward cost by new rows against this machine's bound, "
                                   "the draft and the target, int4-a8"),
+    "bench-draft-q4-zen3": ("2026-12-04", "zen3", "the draft model from the file's blocks, requantized to 4 bits, "
+                            "and each with a 32k sub-vocabulary, k = 4 fixed"),
     "bench-tool-speed-xeon": ("2026-12-03", "xeon-amx", "a named tool call under its grammar against as many free "
                               "tokens, the default pair with draft-model speculation"),
     "bench-coupling-xeon": ("2026-12-03", "xeon-amx", "acceptance of the 0.5B draft under Gumbel coupling and under "
@@ -149,6 +151,9 @@ ARM_LABELS = {
     "ngram": "n-gram, cost model", "ngram_fixed": "n-gram, fixed k",
     "draft_subvocab_fixed": "draft (32k sub-vocabulary), fixed k",
     "draft_subvocab_cost_model": "draft (32k sub-vocabulary), cost model",
+    "draft_q4_fixed": "draft requantized to 4 bits, fixed k",
+    "draft_q4_cost_model": "draft requantized to 4 bits, cost model",
+    "draft_q4_subvocab_fixed": "draft requantized to 4 bits, 32k sub-vocabulary, fixed k",
     "suffix": "suffix", "hybrid": "hybrid (suffix or draft)",
 }
 

@@ -40,7 +40,12 @@ ARMS = {
     # the draft model scoring a 32k-token sub-vocabulary (speculation/proposers/subvocab.py)
     "draft_subvocab_fixed": ("draft_model", "fixed"),
     "draft_subvocab_cost_model": ("draft_model", "cost_model"),
+    # the draft model requantized to 4 bits at pack time (models/gguf_packed.py, REQUANT)
+    "draft_q4_fixed": ("draft_model", "fixed"),
+    "draft_q4_cost_model": ("draft_model", "cost_model"),
+    "draft_q4_subvocab_fixed": ("draft_model", "fixed"),
 }
+REQUANT_ARMS = "q4_1"  # what the draft_q4 arms' draft is requantized to
 SUBVOCAB_SIZE = 32768
 SESSION = ("each arm is one engine; within a repeat every set's prompts run through it in file order, so the "
            "suffix cache of finished outputs warms as in a session; shared caches are cleared at each repeat")
@@ -55,13 +60,18 @@ def _arm_llm(name: str, a, target, draft):
         spec = SpeculativeConfig(method=method, draft_model=draft.name if _needs_draft(name) else None,
                                  num_speculative_tokens=a.k, policy=policy,
                                  draft=DraftConfig(vocab_size=SUBVOCAB_SIZE if "subvocab" in name else None,
-                                                   precision=draft.precision if draft else None))
+                                                   precision=draft.precision if draft else None,
+                                                   requantize=draft.requantized if draft else None))
     cfg = EngineConfig(model=ModelConfig(model=target.name, precision=target.precision, device=a.device,
                                          num_threads=a.threads),
                        # no prefix cache: every run prefills its prompt, as every peer's run does
                        cache=CacheConfig(target_cache_blocks=512, draft_cache_blocks=512, enable_prefix_caching=False),
                        speculative=spec)
     return LLM(config=cfg, loaded=target, draft_loaded=draft if _needs_draft(name) else None, progress=False)
+
+
+def _requant(arm: str) -> str | None:
+    return REQUANT_ARMS if arm.startswith("draft_q4") else None
 
 
 def _needs_draft(arm: str) -> bool:
@@ -92,8 +102,10 @@ def run_spec_bench(a) -> dict:
     if (needs_draft or drafted_peers) and not draft_name:
         raise ValueError(f"{a.model} has no default draft: pass --draft or drop the draft arms and "
                          f"{', '.join(DRAFTED_PEERS)}")
-    draft = load_model(draft_name, draft_precision, a.device, pull=True) if needs_draft else None
-    llms = {name: _arm_llm(name, a, target, draft) for name in arms}
+    drafts = {requant: load_model(draft_name, draft_precision, a.device, pull=True, requant=requant)
+              for requant in {_requant(x) for x in arms if _needs_draft(x)}}
+    draft = drafts.get(None) or next(iter(drafts.values()), None)
+    llms = {name: _arm_llm(name, a, target, drafts.get(_requant(name))) for name in arms}
     tok = target.tokenizer
     prompts = {s: [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
                    for p in read_set(s)[: a.num_prompts]] for s in sets}

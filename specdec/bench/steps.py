@@ -27,6 +27,7 @@ import torch
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.extras import require_plotting
 from specdec.fileio import atomic_write_text
+from specdec.models.gguf_packed import REQUANT
 from specdec.models.llama import LlamaConfig, LlamaModel, param_shapes
 from specdec.runner.model_runner import ModelRunner
 
@@ -68,8 +69,15 @@ def _weights(name: str, precision: str, device: torch.device) -> tuple[LlamaConf
     if device.type != "cpu":
         raise ValueError(f"precision {precision} runs on the CPU only")
     from specdec.models.loader import load_model
-    loaded = load_model(name, precision, "cpu", progress=False, pull=True)
+    mode, _, requant = precision.partition(":")  # "int4-a8:q4_1": requantized at pack time (drafts)
+    loaded = load_model(name, mode, "cpu", progress=False, pull=True, requant=requant or None)
     return loaded.config, loaded.weights
+
+
+def _int_mode(precision: str) -> bool:
+    """An integer CPU mode, possibly requantized ("int4-a8:q4_1")."""
+    mode, _, requant = precision.partition(":")
+    return mode in INT_MODES and (not requant or requant in REQUANT)
 
 
 def _kernel_available() -> bool:
@@ -202,7 +210,7 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
     if unknown:
         raise ValueError(f"no shapes for {unknown}; known: {', '.join(SHAPES)}")
     settings = {}
-    with_bounds = dev.type == "cpu" and bool(set(precisions) & set(INT_MODES)) and _kernel_available()
+    with_bounds = dev.type == "cpu" and any(_int_mode(p) for p in precisions) and _kernel_available()
     peaks = measure_peaks(torch.get_num_threads()) if with_bounds else None
     try:
         for precision in precisions:
@@ -218,7 +226,7 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
                for precision in precisions for name in models for n in rows]
     for r in results:
         work = works.get((r["precision"], r["model"]))
-        if peaks and work and r["precision"] in INT_MODES:
+        if peaks and work and _int_mode(r["precision"]):
             r["bound_ms"] = bound_ms(work, r["rows"], peaks)
             r["x_bound"] = r["ms"] / r["bound_ms"]
         price = f" (r {r['r']:.3f})" if r["r"] is not None else ""
@@ -233,7 +241,8 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
             cost_ratios[precision] = {"draft": draft, "target": target, "c": by_model[draft] / by_model[target]}
     report = {"device": device, "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "threads": torch.get_num_threads(), "context": context, "repeats": repeats,
-              "weights": "the real files" if set(precisions) <= {*INT_MODES, PEER} else "random, real shapes",
+              "weights": "the real files" if all(_int_mode(p) or p == PEER for p in precisions)
+              else "random, real shapes",
               "interleaved": True, "peaks": peaks,
               "work_per_step": {f"{m} {p}": w for (p, m), w in works.items() if w}, "results": results,
               "draft_cost_ratio": cost_ratios}
@@ -284,10 +293,11 @@ def _plot(report: dict, path: str) -> None:
 def run_steps_bench(a) -> dict:
     """From `specdec bench steps`'s arguments."""
     precisions = (a.precisions or "float32,bfloat16").split(",")
-    bad = [p for p in precisions if p not in (*DTYPES, *INT_MODES, PEER)]
+    bad = [p for p in precisions if p not in (*DTYPES, PEER) and not _int_mode(p)]
     rows = [int(n) for n in a.rows.split(",")]
     if bad or a.context < 1 or a.repeats < 1 or min(rows) < 1:
-        raise ValueError(f"steps: precisions from {', '.join((*DTYPES, *INT_MODES, PEER))}, "
+        raise ValueError(f"steps: precisions from {', '.join((*DTYPES, *INT_MODES, PEER))} (an int4 mode may add "
+                         f":{'|'.join(REQUANT)}, requantized as a draft may be), "
                          "--context, --repeats and --rows >= 1")
     require_plotting(a.plot, "specdec bench steps")
     return run(a.shapes.split(","), precisions, a.device, rows, a.context, a.repeats, a.out, a.plot or None)

@@ -9,6 +9,7 @@ from specdec.catalog import default_draft
 from specdec.config import (
     COUPLINGS,
     DEFAULT_TARGET,
+    DRAFT_REQUANTIZE,
     PRECISION_CHOICES,
     PRECISIONS,
     SPEC_POLICIES,
@@ -105,7 +106,7 @@ def sampling_params(a: argparse.Namespace) -> SamplingParams:
 
 
 def add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
-    """--draft | --spec | --no-spec, -k, --spec-policy, --draft-vocab, --draft-precision,
+    """--draft | --spec | --no-spec, -k, --spec-policy, --draft-vocab, --draft-precision, --draft-requantize,
     --spec-deterministic. defaults=False leaves k and the policy unset unless given."""
     p.add_argument("--draft", help="draft model (registry name or path): draft-model speculation, or the model "
                                    "draft of --spec hybrid")
@@ -124,6 +125,9 @@ def add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft model scores only N frequent tokens (cheaper steps; still lossless)")
     p.add_argument("--draft-precision", choices=PRECISIONS, default=None, help=DRAFT_PRECISION_HELP)
+    p.add_argument("--draft-requantize", choices=[r for r in DRAFT_REQUANTIZE if r], default=None,
+                   help="int4 modes: the draft's 8-bit-held matrices requantized to 4 bits at pack time (a cheaper "
+                        "draft step, maybe lower acceptance; still lossless)")
     p.add_argument("--spec-deterministic", action="store_true",
                    help="cost model decides from acceptance counts alone (under --coupling rejection, a seed "
                         "then fixes the text)")
@@ -166,7 +170,8 @@ def speculative_config(a: argparse.Namespace, model: str | None = None) -> Specu
                                                      if a.num_speculative_tokens is None else a.num_speculative_tokens),
                              policy=a.spec_policy or SpeculativeConfig.policy,
                              controller=ControllerConfig(deterministic=a.spec_deterministic),
-                             draft=DraftConfig(precision=a.draft_precision, vocab_size=a.draft_vocab))
+                             draft=DraftConfig(precision=a.draft_precision, vocab_size=a.draft_vocab,
+                                               requantize=a.draft_requantize))
 
 
 def _from_json(a: argparse.Namespace, model: str) -> SpeculativeConfig:
@@ -179,7 +184,8 @@ def _from_json(a: argparse.Namespace, model: str) -> SpeculativeConfig:
     spec = spec_json.parse(a.speculative_config, model)
     return dataclasses.replace(spec, policy=a.spec_policy or spec.policy,
                                controller=ControllerConfig(deterministic=a.spec_deterministic),
-                               draft=DraftConfig(precision=a.draft_precision, vocab_size=a.draft_vocab))
+                               draft=DraftConfig(precision=a.draft_precision, vocab_size=a.draft_vocab,
+                                               requantize=a.draft_requantize))
 
 
 def describe_speculation(spec: SpeculativeConfig | None) -> str:

@@ -53,6 +53,9 @@ class SuffixConfig:
             raise ValueError(f"suffix.max_scopes must be >= 1, got {self.max_scopes}")
 
 
+DRAFT_REQUANTIZE = (None, "q4_1")  # gguf_packed.REQUANT's keys
+
+
 @dataclass
 class DraftConfig:
     """Draft models (kinds draft_model and hybrid, and the router's extra ones)."""
@@ -60,6 +63,9 @@ class DraftConfig:
     # so a fast int4-a8 draft can serve an exact float32 target.
     precision: str | None = None
     vocab_size: int | None = None          # score only this many frequent tokens (None: all)
+    # int4 modes: the draft's 8-bit-held matrices (Q5_0, Q8_0) requantized to 4 bits at pack time
+    # ("q4_1"; None: the file's blocks): a cheaper draft step for some acceptance
+    requantize: str | None = None
     extra_models: list[str] = field(default_factory=list)  # more draft models, loaded on first use
     idle_seconds: float | None = 600.0     # unload a lazily loaded draft idle this long (None: never)
 
@@ -70,6 +76,8 @@ class DraftConfig:
         if self.vocab_size is not None and self.vocab_size < 256:
             raise ValueError(f"draft.vocab_size must be >= 256 (or null for the full vocabulary), "
                              f"got {self.vocab_size}")
+        if self.requantize not in DRAFT_REQUANTIZE:
+            raise ValueError(f"draft.requantize must be one of {DRAFT_REQUANTIZE[1:]} or null, got {self.requantize!r}")
         if not isinstance(self.extra_models, list) or not all(isinstance(d, str) and d for d in self.extra_models):
             raise ValueError("draft.extra_models must be a list of model names or paths")
         if self.idle_seconds is not None and self.idle_seconds <= 0:

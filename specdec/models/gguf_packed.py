@@ -6,6 +6,11 @@ Q4_K / Q4_0 / Q4_1 become int4 codes (32-value groups, scale and offset); Q6_K k
 decode to exactly the file's values. Other types
 (F16, Q2_K, ...) stay dense float32. The packed model is cached next to the dequantized ones
 (`weights-int4.safetensors`, written under a temporary name, then renamed).
+
+A draft may be requantized (`requant`, DraftConfig.requantize): its matrices held as int8 codes (Q5_0,
+Q8_0: 9 bits a weight as packed, against 6 for 4-bit codes) are quantized again to 4 bits at pack time
+(`q4_1`: a scale and a minimum per 32 values), in a cache of their own. A draft's numbers never reach
+the output, only its acceptance does.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType as Q
 from safetensors.torch import save_file
 
 from specdec.models import weight_cache
@@ -30,6 +36,8 @@ CACHE_NAME = "weights-int4.safetensors"
 # 3: Q6_K's codes at 6 bits, Q4_K's super_min)
 PACK_FORMAT = "3"
 _MATRICES = ("embed", "lm_head", "qkv", "o", "gate_up", "down")
+REQUANT = {"q4_1": Q.Q4_1}  # what a draft's matrices may be requantized to
+_WIDE = (Q.Q5_0, Q.Q8_0)    # the types held as int8 codes, which requantization narrows
 
 
 def _is_matrix(name: str) -> bool:
@@ -55,11 +63,23 @@ def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]], act:
     return weights
 
 
-def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, progress: bool = True
-                     ) -> tuple[LlamaConfig, dict[str, object], bool]:
+def _blocks(t, rows: int, cols: int, requant: str | None) -> tuple[np.ndarray, Q]:
+    """A matrix's blocks as packed: the file's, or requantized from its values."""
+    if requant is None or t.tensor_type not in _WIDE:
+        return t.data, t.tensor_type
+    import gguf
+    values = np.ascontiguousarray(_dequantize(t), dtype=np.float32).reshape(rows, cols)
+    return gguf.quants.quantize(values, REQUANT[requant]), REQUANT[requant]
+
+
+def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, progress: bool = True,
+                     requant: str | None = None) -> tuple[LlamaConfig, dict[str, object], bool]:
     """Returns (config, weights, cache_hit); matrices are QuantLinear (`act`: their activations' bits),
-    the rest float32 tensors."""
-    cache_path, config_path = cache_dir / CACHE_NAME, cache_dir / "config.json"
+    the rest float32 tensors. `requant`: a key of REQUANT, or None for the file's blocks."""
+    if requant is not None and requant not in REQUANT:
+        raise ValueError(f"requantize must be one of {sorted(REQUANT)} or null, got {requant!r}")
+    name = CACHE_NAME if requant is None else CACHE_NAME.replace(".safetensors", f"-{requant}.safetensors")
+    cache_path, config_path = cache_dir / name, cache_dir / "config.json"
     if cache_path.exists() and config_path.exists():
         from safetensors import safe_open
         with safe_open(str(cache_path), framework="pt") as f:
@@ -91,7 +111,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, pro
             rows, cols = int(t.shape[1]), int(t.shape[0])
             key = f"{name}/{i}/"
             if t.tensor_type in PACKABLE:
-                c = decode(t.data, t.tensor_type, rows, cols)
+                c = decode(*_blocks(t, rows, cols, requant), rows, cols)
                 if permute:  # a row permutation: codes, scales and offsets move together
                     c.q, c.scale = _unpermute(c.q, heads), _unpermute(c.scale, heads)
                     c.offset = None if c.offset is None else _unpermute(c.offset, heads)

@@ -36,6 +36,7 @@ class LoadedModel:
     load_seconds: float
     cache_hit: bool
     precision: str = "float32"
+    requantized: str | None = None  # int4 modes: what the matrices were requantized to (None: the file's)
 
 
 def _no_such_model(model: str) -> ModelFileError:
@@ -100,8 +101,11 @@ def resolve(model: str, pull: bool = False) -> tuple[str, Path]:
 
 
 def load_model(model: str, precision: str = "float32", device: str = "cpu", progress: bool = True,
-               pull: bool = False) -> LoadedModel:
-    """Load a model; `pull` as in resolve() (off: a registry model never pulled raises)."""
+               pull: bool = False, requant: str | None = None) -> LoadedModel:
+    """Load a model; `pull` as in resolve() (off: a registry model never pulled raises). `requant`: an
+    int4 mode's wide matrices requantized at pack time (`gguf_packed.REQUANT`; for drafts)."""
+    if requant is not None and not precision.startswith("int4"):
+        raise ValueError(f"requantizing packs a GGUF file's blocks again: it needs an int4 precision, not {precision}")
     t0 = time.perf_counter()
     name, path = resolve(model, pull)
     if path.is_dir():
@@ -120,11 +124,12 @@ def load_model(model: str, precision: str = "float32", device: str = "cpu", prog
         if device != "cpu":
             raise ValueError(f"precision {precision} runs on the CPU kernel; use bfloat16 on CUDA")
         from specdec.models.gguf_packed import load_gguf_packed
-        cfg, weights, hit = load_gguf_packed(path, sha, cache_dir, act=ACT_BITS[precision], progress=progress)
+        cfg, weights, hit = load_gguf_packed(path, sha, cache_dir, act=ACT_BITS[precision], progress=progress,
+                                             requant=requant)
     else:
         cfg, weights, hit = load_gguf(path, sha, cache_dir, DTYPES[precision], device, progress)
     tok = Tokenizer.from_gguf(path, cache_dir)
-    return LoadedModel(name, path, sha, cfg, weights, tok, time.perf_counter() - t0, hit, precision)
+    return LoadedModel(name, path, sha, cfg, weights, tok, time.perf_counter() - t0, hit, precision, requant)
 
 
 def gguf_identity(model: str) -> tuple[str, int] | None:
