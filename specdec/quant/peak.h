@@ -32,7 +32,7 @@ inline int64_t int8_peak_chains(int64_t iters) {
     return iters * 12 * 64;
 #else
     // each chain its own operands, marked changed every step: the products cannot be shared or hoisted.
-    // Two products share one widening (their int16 sum is exact for 4- and 6-bit codes), as the tiles do.
+    // Two products share one widening (their int16 sum is exact for 4- and 6-bit codes), as Q4_K tiles do.
     const __m256i a = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
     __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;
     __m256i b0 = _mm256_set1_epi8(-1), b1 = _mm256_set1_epi8(-2), b2 = _mm256_set1_epi8(-3),

@@ -528,11 +528,21 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
                 const __m256i raw = load256(c + 32 * p);
                 const __m256i lo = _mm256_and_si256(raw, m), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m);
                 const __m256i sc = pair_scales(s + 2 * p);
-                for (int r = 0; r < MT; ++r) {
-                    const int8_t* xr = xq + r * k + sb * 256 + 64 * p;
-                    const __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(xr)), sc);
-                    const __m256i b = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(xr + 32)), sc);
-                    sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(a, b));
+                if constexpr (MT < 8) {
+                    // both halves' products share one widening: their int16 sum is at most 4 * 15 * 127, exact
+                    for (int r = 0; r < MT; ++r) {
+                        const int8_t* xr = xq + r * k + sb * 256 + 64 * p;
+                        const __m256i ab = _mm256_add_epi16(_mm256_maddubs_epi16(lo, load256(xr)),
+                                                            _mm256_maddubs_epi16(hi, load256(xr + 32)));
+                        sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(ab, sc));
+                    }
+                } else {
+                    for (int r = 0; r < MT; ++r) {
+                        const int8_t* xr = xq + r * k + sb * 256 + 64 * p;
+                        const __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(xr)), sc);
+                        const __m256i b = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(xr + 32)), sc);
+                        sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(a, b));
+                    }
                 }
             }
         } else {
