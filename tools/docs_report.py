@@ -119,6 +119,8 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                             "llama.cpp, int4-a8 with Q6_K at 6 bits and integer minimums, int4-a16"),
     "bench-steps-roofline-zen3": ("2026-12-04", "zen3", "forward cost by new rows against this machine's bound, "
                                   "the draft and the target, int4-a8"),
+    "bench-steps-4k-zen3": ("2026-12-04", "zen3", "one row and a five-row verification after 4,096 tokens of "
+                            "context, against this machine's bound (keys and values included)"),
     "bench-draft-q4-zen3": ("2026-12-04", "zen3", "the draft model from the file's blocks, requantized to 4 bits, "
                             "and each with a 32k sub-vocabulary, k = 4 fixed"),
     "bench-tool-speed-xeon": ("2026-12-03", "xeon-amx", "a named tool call under its grammar against as many free "

@@ -10,7 +10,8 @@ interleaved within each round (`time_settings`). Reports milliseconds, the verif
 t(n) / t(1), each setting's per-round ratio to the first precision listed, and
 c = t_draft(1) / t_target(1) for each draft / target pair: the numbers the cost-model controller
 learns. On the CPU, each forward is also stated against its bound on this machine: the larger of its
-memory time (the weights read once at the measured read bandwidth) and its compute time (n rows'
+memory time (the weights and the context's keys and values read once at the measured read bandwidth)
+and its compute time (n rows'
 multiply-adds at the int8 peak the kernels' own instructions reach, `kernel.int8_peak`). JSON and a PNG.
 """
 from __future__ import annotations
@@ -91,14 +92,16 @@ def _sync(device: torch.device) -> None:
 
 
 def work_per_step(cfg: LlamaConfig, weights: dict, context: int) -> dict:
-    """What one forward must do at least: bytes read (every weight as held, once; `bandwidth.py`) and
-    multiply-adds per row (every matrix but the embedding table, and attention's two products over the
-    context)."""
+    """What one forward must do at least: bytes read (every weight as held, and the context's float32
+    keys and values, each once; `bandwidth.py`) and multiply-adds per row (every matrix but the
+    embedding table, and attention's two products over the context)."""
     from specdec.bench.bandwidth import weight_bytes_per_token
     macs = sum(math.prod(w.shape) for name, w in weights.items()
                if name != "embed" and len(w.shape) == 2 and not name.endswith("_bias"))
     macs += 2 * context * cfg.num_heads * cfg.head_dim * cfg.num_layers
-    return {"bytes": weight_bytes_per_token(weights, cfg.tie_embeddings), "macs_per_row": macs}
+    kv_bytes = 2 * context * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
+    return {"bytes": weight_bytes_per_token(weights, cfg.tie_embeddings) + kv_bytes, "kv_bytes": kv_bytes,
+            "macs_per_row": macs}
 
 
 def bound_ms(work: dict, rows: int, peaks: dict) -> float:

@@ -10,6 +10,7 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels.h"
@@ -189,60 +190,111 @@ void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads) 
 // q: [rows, num_heads, d] (row stride ldq); k_cache, v_cache: [slots, num_kv_heads, d];
 // ctx_slots: the slots of every row's context, row r's at ctx_slots[ctx_start[r] .. + ctx_len[r]];
 // out: [rows, num_heads * d] contiguous. The num_heads / num_kv_heads query heads sharing a KV head
-// are done together (each block of 32 keys or values is read from memory once for them, then from the
-// L1 cache; a query is read once for four keys). scores = q.k * scale; softmax with the
-// maximum subtracted; out = sum_t p_t v_t, with p normalized first. d a multiple of 8.
+// are done together, and so are consecutive rows whose contexts extend one another (a verification's
+// k + 1 rows): each block of 32 keys or values is read from memory once for all of them, then from the
+// L1 cache; a query is read once for four keys. scores = q.k * scale; softmax with the maximum
+// subtracted; out = sum_t p_t v_t, with p normalized first. Each output's operations are the same
+// whatever it is grouped with. d a multiple of 8.
 constexpr int64_t kTokenBlock = 32;  // 32 keys or values of d = 128: 16 KB
+constexpr int64_t kMaxRun = 16;      // rows sharing one pass (their scores and outputs stay in cache)
+
+}  // extern "C"
+
+namespace {
+
+// Where each run of rows sharing a pass starts: row r + 1 joins row r's run when its context is row r's
+// followed by more slots.
+std::vector<int64_t> shared_runs(int64_t rows, const int64_t* ctx_slots, const int64_t* ctx_start,
+                                 const int64_t* ctx_len) {
+    std::vector<int64_t> starts;
+    for (int64_t r = 0; r < rows; ++r) {
+        const bool extends = r > 0 && r - starts.back() < kMaxRun && ctx_len[r] >= ctx_len[r - 1] &&
+                             std::equal(ctx_slots + ctx_start[r - 1], ctx_slots + ctx_start[r - 1] + ctx_len[r - 1],
+                                        ctx_slots + ctx_start[r]);
+        if (!extends) starts.push_back(r);
+    }
+    starts.push_back(rows);
+    return starts;
+}
+
+// Scores of rows [r0, r1) (each against its own context) for one KV head's query heads, key blocks
+// outermost so that each block is read once for every row. scores[i]: [group, ctx_len[r0 + i]].
+void run_scores(const float* q, int64_t ldq, int64_t r0, int64_t r1, int64_t group, int64_t num_kv_heads,
+                int64_t kvh, int64_t d, const float* k_cache, const int64_t* slots, const int64_t* ctx_len,
+                float scale, std::vector<std::vector<float>>& scores) {
+    const int64_t longest = ctx_len[r1 - 1];
+    for (int64_t t0 = 0; t0 < longest; t0 += kTokenBlock)
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t len = ctx_len[r], t1 = t0 + kTokenBlock < len ? t0 + kTokenBlock : len;
+            const float* qh = q + r * ldq + kvh * group * d;
+            float* sc = scores[r - r0].data();
+            for (int64_t g = 0; g < group; ++g) {
+                int64_t t = t0;
+                for (; t + 4 <= t1; t += 4) {
+                    const float* kp[4];
+                    float dots[4];
+                    for (int j = 0; j < 4; ++j) kp[j] = k_cache + (slots[t + j] * num_kv_heads + kvh) * d;
+                    dot4(qh + g * d, kp, d, dots);
+                    for (int j = 0; j < 4; ++j) sc[g * len + t + j] = dots[j] * scale;
+                }
+                for (; t < t1; ++t)
+                    sc[g * len + t] = dot(qh + g * d, k_cache + (slots[t] * num_kv_heads + kvh) * d, d) * scale;
+            }
+        }
+}
+
+// acc[i] ([group, d]) = the probabilities of rows [r0, r1) times the values, value blocks outermost;
+// each output sums over t in order, as one pass would, 64 of its values in registers over a block.
+void run_values(int64_t r0, int64_t r1, int64_t group, int64_t num_kv_heads, int64_t kvh, int64_t d,
+                const float* v_cache, const int64_t* slots, const int64_t* ctx_len,
+                const std::vector<std::vector<float>>& scores, std::vector<std::vector<float>>& acc) {
+    const int64_t longest = ctx_len[r1 - 1];
+    for (int64_t t0 = 0; t0 < longest; t0 += kTokenBlock)
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t len = ctx_len[r], t1 = t0 + kTokenBlock < len ? t0 + kTokenBlock : len;
+            for (int64_t g = 0; g < group && t0 < t1; ++g) {
+                const float* p = scores[r - r0].data() + g * len;
+                const float* v = v_cache + kvh * d;
+                float* a = acc[r - r0].data() + g * d;
+                int64_t i0 = 0;
+                for (; i0 + 64 <= d; i0 += 64) pv_block<8>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
+                simd::with_count((d - i0) / 8, [&](auto w) {  // the last 8-56 values
+                    pv_block<decltype(w)::value>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
+                });
+            }
+        }
+}
+
+}  // namespace
+
+extern "C" {
 
 void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
                const float* k_cache, const float* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
                const int64_t* ctx_len, float scale, float* out, int threads) {
     const int64_t group = num_heads / num_kv_heads;
+    const std::vector<int64_t> runs = shared_runs(rows, ctx_slots, ctx_start, ctx_len);
+    const int64_t num_runs = (int64_t)runs.size() - 1;
 #pragma omp parallel num_threads(threads)
     {
-        std::vector<float> scores, acc(group * d);
+        std::vector<std::vector<float>> scores(kMaxRun), acc(kMaxRun);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < rows * num_kv_heads; ++task) {
-            const int64_t r = task / num_kv_heads, kvh = task % num_kv_heads;
-            const int64_t len = ctx_len[r];
-            const int64_t* slots = ctx_slots + ctx_start[r];
-            const float* qh = q + r * ldq + kvh * group * d;
-            scores.resize(group * len);
-            // keys in blocks that stay in the L1 cache while every query head of the group reads them
-            for (int64_t t0 = 0; t0 < len; t0 += kTokenBlock) {
-                const int64_t t1 = t0 + kTokenBlock < len ? t0 + kTokenBlock : len;
-                for (int64_t g = 0; g < group; ++g) {
-                    int64_t t = t0;
-                    for (; t + 4 <= t1; t += 4) {
-                        const float* kp[4];
-                        float dots[4];
-                        for (int j = 0; j < 4; ++j) kp[j] = k_cache + (slots[t + j] * num_kv_heads + kvh) * d;
-                        dot4(qh + g * d, kp, d, dots);
-                        for (int j = 0; j < 4; ++j) scores[g * len + t + j] = dots[j] * scale;
-                    }
-                    for (; t < t1; ++t)
-                        scores[g * len + t] = dot(qh + g * d, k_cache + (slots[t] * num_kv_heads + kvh) * d, d) * scale;
-                }
+        for (int64_t task = 0; task < num_runs * num_kv_heads; ++task) {
+            const int64_t run = task / num_kv_heads, kvh = task % num_kv_heads;
+            const int64_t r0 = runs[run], r1 = runs[run + 1];
+            const int64_t* slots = ctx_slots + ctx_start[r1 - 1];  // the longest context holds the others
+            for (int64_t r = r0; r < r1; ++r) {
+                scores[r - r0].resize(group * ctx_len[r]);
+                acc[r - r0].assign(group * d, 0.f);
             }
-            for (int64_t g = 0; g < group; ++g) softmax_(scores.data() + g * len, len);
-            for (int64_t i = 0; i < group * d; i += 8) _mm256_storeu_ps(acc.data() + i, _mm256_setzero_ps());
-            // each output sums over t in order, as one pass would; 64 of its values stay in registers over a
-            // block of values that stays in the L1 cache
-            for (int64_t t0 = 0; t0 < len; t0 += kTokenBlock) {
-                const int64_t t1 = t0 + kTokenBlock < len ? t0 + kTokenBlock : len;
-                for (int64_t g = 0; g < group; ++g) {
-                    const float* p = scores.data() + g * len;
-                    const float* v = v_cache + kvh * d;
-                    float* a = acc.data() + g * d;
-                    int64_t i0 = 0;
-                    for (; i0 + 64 <= d; i0 += 64) pv_block<8>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
-                    simd::with_count((d - i0) / 8, [&](auto w) {  // the last 8-56 values
-                        pv_block<decltype(w)::value>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
-                    });
-                }
+            run_scores(q, ldq, r0, r1, group, num_kv_heads, kvh, d, k_cache, slots, ctx_len, scale, scores);
+            for (int64_t r = r0; r < r1; ++r)
+                for (int64_t g = 0; g < group; ++g) softmax_(scores[r - r0].data() + g * ctx_len[r], ctx_len[r]);
+            run_values(r0, r1, group, num_kv_heads, kvh, d, v_cache, slots, ctx_len, scores, acc);
+            for (int64_t r = r0; r < r1; ++r) {
+                float* o = out + r * num_heads * d + kvh * group * d;
+                for (int64_t i = 0; i < group * d; ++i) o[i] = acc[r - r0][i];
             }
-            float* o = out + r * num_heads * d + kvh * group * d;
-            for (int64_t i = 0; i < group * d; ++i) o[i] = acc[i];
         }
     }
 }
