@@ -634,8 +634,9 @@ def view_steps(data: dict) -> str:
         rates = ", ".join(f"{v / 1e9:.0f} G on {t} thread{'s' * (int(t) > 1)}"
                           for t, v in peaks["int8_macs_per_s_by_threads"].items())
         text += (f"\n\nThis machine's peaks, measured in the run: read {peaks['read_gb_s']:.1f} GB/s; int8 "
-                 f"multiply-adds ({peaks['isa']}) {rates} a second. A forward's bound is the larger of its weights' "
-                 "read time and its rows' multiply-adds at the int8 peak; the percentage is bound / time.")
+                 f"multiply-adds ({peaks['isa']}) {rates} a second. A forward's bound is the larger of its bytes' read "
+                 "time (the weights, and the context's keys and values where `work_per_step` counts them) and "
+                 "its rows' multiply-adds at the int8 peak; the percentage is bound / time.")
     return text
 
 
