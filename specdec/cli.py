@@ -52,7 +52,7 @@ def one_line(message: object) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(bench.with_default_mode(list(sys.argv[1:] if argv is None else argv)))
     try:
         return args.func(args)
     except ValueError as e:  # ModelFileError, ModelNotPulledError and JSON errors are ValueErrors

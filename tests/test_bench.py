@@ -168,3 +168,41 @@ def test_a_steps_bound_is_the_larger_of_memory_and_compute():
     work, peaks = {"bytes": 1e9, "macs_per_row": 1e9}, {"read_gb_s": 10.0, "int8_macs_per_s": 100e9}
     assert bound_ms(work, 1, peaks) == pytest.approx(100.0)    # the weights' read: 0.1 s
     assert bound_ms(work, 17, peaks) == pytest.approx(170.0)   # 17 rows' multiply-adds: 0.17 s
+
+
+def test_each_bench_mode_takes_its_own_flags_and_spec_is_the_default(capsys):
+    from specdec.cli import build_parser
+    from specdec.commands.bench import MODES, with_default_mode
+    parser = build_parser()
+    assert with_default_mode(["bench", "--sets", "chat"]) == ["bench", "spec", "--sets", "chat"]
+    assert with_default_mode(["bench"]) == ["bench", "spec"]
+    assert with_default_mode(["bench", "steps", "--rows", "1"]) == ["bench", "steps", "--rows", "1"]
+    assert with_default_mode(["generate", "--sets"]) == ["generate", "--sets"]
+    a = parser.parse_args(["bench", "steps", "--rows", "1,5", "--context", "64"])
+    assert (a.mode, a.rows, a.context) == ("steps", "1,5", 64)
+    for mode, flag in (("steps", "--sets"), ("threads", "--peers"), ("decode", "--rates"), ("spec", "--rows")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", mode, flag, "x"])
+    assert "unrecognized arguments" in capsys.readouterr().err
+    for mode in MODES:  # every mode has its help and the model flags
+        assert parser.parse_args(["bench", mode, "--model", "m"]).model == "m"
+
+
+def test_every_bench_command_in_the_docs_parses():
+    """The commands the results tables print (docs_report rebuilds them from each run's JSON) are valid."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from specdec.cli import build_parser
+    from specdec.commands.bench import with_default_mode
+    root = Path(__file__).resolve().parents[1]
+    parser = build_parser()
+    commands = {c for f in [root / "README.md", *(root / "docs").glob("*.md")]
+                for c in re.findall(r"`(specdec bench[^`]*)`", f.read_text())}
+    assert len(commands) > 10
+    for command in commands:
+        argv = [w for w in shlex.split(command)[1:] if not w.startswith("#")]
+        if any(w in ("...", "MODE", "N", "SECONDS") or "[" in w for w in argv):
+            continue  # a synopsis in prose, not a command
+        parser.parse_args(with_default_mode(argv))

@@ -1,5 +1,6 @@
-"""`specdec bench [spec|decode|serve|soak|structured|replicas|affinity|precision|threads|steps|matmul]`: one parser for every benchmark mode;
-each mode's runner lives in specdec/bench/ and reads the flags it needs."""
+"""`specdec bench MODE`: one subcommand a benchmark mode (spec, decode, serve, soak, structured, replicas,
+affinity, precision, threads, steps, matmul), each with the flags it reads; `specdec bench` alone is spec.
+Each mode's runner lives in specdec/bench/."""
 from __future__ import annotations
 
 import argparse
@@ -23,101 +24,152 @@ _NO_PLOT = ("decode", "matmul")   # modes that draw nothing
 _NUM_PROMPTS = {"structured": 0}   # a structured output ends where its grammar does: room to get there
 
 
+# what each mode does (its --help), in MODES order
+_DESCRIPTIONS = {
+    "spec": "plain vs speculative arms on the prompt sets, with other engines as peers (the default mode)",
+    "decode": "plain decoding alone on one prompt set",
+    "serve": "serving under Poisson arrivals",
+    "soak": "a server process under concurrent mixed clients",
+    "structured": "constrained decoding on the structured set",
+    "replicas": "one server process against engine replicas on Ray",
+    "affinity": "prefix-affinity against random routing of multi-turn chats",
+    "precision": "precision modes against float32",
+    "threads": "thread counts under competition",
+    "steps": "forward cost by row count against this machine's bound (random weights but for int4 modes; any "
+             "device)",
+    "matmul": "each matrix product's error under int8 activations on the real target",
+}
+_DRAFTED = ("spec", "serve", "soak", "structured", "replicas", "affinity")
+
+
+def _flags() -> list[tuple[tuple[str, ...], dict, tuple[str, ...]]]:
+    """Every flag a mode may take: (names, add_argument keywords, the modes that take it)."""
+    return [
+        (("--draft",), dict(default=None, help="draft model for the draft arms (default: the registry's)"), _DRAFTED),
+        (("--draft-precision",), dict(choices=PRECISIONS, default=None, help=DRAFT_PRECISION_HELP),
+         ("spec", "serve", "structured")),
+        (("--arms",), dict(default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid"
+                                              "[,ngram_fixed,draft_q4_*,draft_subvocab_*]; serve: "
+                                              "plain,draft[,ngram,suffix,hybrid]"),
+         ("spec", "serve", "structured", "replicas", "affinity")),
+        (("--sets",), dict(default=",".join(SETS), help="prompt sets (spec: each run in file order through one "
+                                                         "engine per arm; serve: the request pool, shuffled "
+                                                         "unless --in-order)"), ("spec", "serve", "soak", "precision")),
+        (("-k",), dict(type=int, default=4), ("spec", "serve", "soak", "structured", "threads")),
+        (("--prompts-file",), dict(default=None, help="the prompt set (decode: default code_gen; structured: the "
+                                                      "JSONL set, default structured)"), ("decode", "structured")),
+        (("--num-prompts",), dict(type=int, default=None, help="prompts per set (default 3; structured: 0, all)"),
+         ("spec", "decode", "soak", "structured", "precision")),
+        (("--max-tokens",), dict(type=int, default=None, help="tokens per request (default 64; structured 384)"),
+         ("spec", "decode", "serve", "soak", "structured", "replicas", "affinity", "precision")),
+        (("--repeats",), dict(type=int, default=3),
+         ("spec", "decode", "structured", "replicas", "affinity", "threads", "steps")),
+        (("--until-eos",), dict(action="store_true", help="a request ends at EOS as a client's would (--max-tokens "
+                                                          "is the cap); default: every request generates "
+                                                          "--max-tokens (peers always do)"), ("spec", "serve")),
+        (("--out",), dict(default="bench.json"), MODES),
+        (("--plot",), dict(default="bench.png", help="PNG plot beside the JSON unless named; empty for none"),
+         tuple(m for m in MODES if m not in _NO_PLOT)),
+        (("--precisions",), dict(default=None, help="precision: the modes compared with float32 (default "
+                                                    "int4,int4-a16,int4-a8); steps: the precisions timed (default "
+                                                    "float32,bfloat16; int4 modes load the real models, and may "
+                                                    "add :q4_1 for a requantized draft; llama.cpp)"),
+         ("precision", "steps")),
+        (("--shapes",), dict(default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct",
+                             help="the models timed (random weights of their shapes, but for int4 modes), the "
+                                  "draft first, the target last"), ("steps",)),
+        (("--rows",), dict(default="1,2,3,5,8,16,64,256", help="new rows per forward"), ("steps",)),
+        (("--context",), dict(type=int, default=512, help="steps: tokens already in the cache; matmul: tokens of "
+                                                          "the corpus chunk"), ("steps", "matmul")),
+        (("--kind",), dict(default="code", help="the `specdec kld` corpus kind the activations come from"),
+         ("matmul",)),
+        (("--first",), dict(type=int, default=16, help="the first row measured (the first rows' massive "
+                                                       "activations are a case of their own)"), ("matmul",)),
+        (("--rates",), dict(default="0.05,0.1,0.2", help="Poisson arrival rates (requests/s)"), ("serve",)),
+        (("--num-requests",), dict(type=int, default=8, help="serve: requests per rate; replicas: in all"),
+         ("serve", "replicas", "affinity")),
+        (("--max-prompt-tokens",), dict(type=int, default=256, help="prompts are cut to this"), ("serve",)),
+        (("--max-batch-size",), dict(type=int, default=8, help="running requests"),
+         ("serve", "soak", "replicas", "affinity")),
+        (("--in-order",), dict(action="store_true", help="requests arrive in file order (a session), not "
+                                                         "shuffled"), ("serve",)),
+        (("--clients",), dict(type=int, default=8, help="concurrent clients"), ("soak", "replicas", "affinity")),
+        (("--replicas",), dict(type=int, default=None, help="affinity: engine replicas on Ray (default 2); soak: "
+                                                            "serve with this many replicas on Ray (default 1: one "
+                                                            "process, no Ray)"), ("soak", "replicas", "affinity")),
+        (("--cpus-per-replica",), dict(type=float, default=1.0, help="Ray CPUs per replica"), ("replicas", "affinity")),
+        (("--routing",), dict(choices=("affinity", "random", "least_loaded"), default="affinity",
+                              help="how the Ray arms route"), ("replicas", "affinity")),
+        (("--conversations",), dict(type=int, default=16, help="conversations (from the chat set)"), ("affinity",)),
+        (("--turns",), dict(type=int, default=4, help="turns per conversation"), ("affinity",)),
+        (("--minutes",), dict(type=float, default=10.0, help="how long the clients keep sending"), ("soak",)),
+        (("--max-requests",), dict(type=int, default=0, help="stop after this many requests (0: no cap)"), ("soak",)),
+        (("--warmup-minutes",), dict(type=float, default=1.0, help="the same mix first, not counted (memory is "
+                                                                   "measured after it)"), ("soak",)),
+        (("--kill-replica-at",), dict(type=float, default=None, metavar="SECONDS",
+                                      help="with --replicas: SIGKILL one replica this many seconds into the run; "
+                                           "the requests in flight on it are counted apart from failures"),
+         ("soak",)),
+        (("--check-outputs",), dict(action="store_true",
+                                    help="a fixed pool of bodies (greedy, seeded sampled with n 1 and 2, JSON "
+                                         "schema, tools, cache salts; streamed and whole), each first run alone "
+                                         "without speculation; a completed answer that differs from its reference "
+                                         "counts as wrong, apart from failed"), ("soak",)),
+        (("--bodies-per-kind",), dict(type=int, default=4, help="--check-outputs: distinct bodies of each compared "
+                                                                "kind (half of them streamed)"), ("soak",)),
+        (("--policy",), dict(choices=SPEC_POLICIES, default="cost_model",
+                             help="speculation policy (fixed: -k drafts every step)"), ("serve", "soak")),
+        (("--seed",), dict(type=int, default=0, help="serve: arrivals and prompt choice; soak: the clients' draws "
+                                                     "(and, with --check-outputs, the sampled bodies' seeds)"),
+         ("serve", "soak")),
+        (("--shape",), dict(default="17920x1536", help="the layer timed, OUTxIN (default the 1.5B's gate|up)"),
+         ("threads",)),
+        (("--competitors",), dict(type=int, default=1, help="busy processes in the contended run"), ("threads",)),
+        (("--calls",), dict(type=int, default=10, help="timed calls per cell and repeat"), ("threads",)),
+        (("--peer",), dict(choices=["none", "transformers"], default="none",
+                           help="also time transformers float32 on the same prompts, in the same run"), ("decode",)),
+        (("--peers",), dict(default="", help="other engines run interleaved with the arms on the same prompt ids and "
+                                             "GGUF: transformers, transformers_assisted (float32; the test extra), "
+                                             "llama.cpp, llama.cpp_lookup (prompt lookup), openvino, openvino_spec "
+                                             "(its speculative decoding with the draft model), openvino_lookup "
+                                             "(prompt lookup); comma list, default none. A peer that fails to "
+                                             "install, load or run is recorded as failed"), ("spec",)),
+        (("--install-peers",), dict(action="store_true",
+                                    help="install a peer engine asked for and missing: build llama-cpp-python from "
+                                         "source into $SPECDEC_HOME/peers/llama-cpp (about 9 minutes, once); "
+                                         "pip-install openvino-genai into $SPECDEC_HOME/peers/openvino (binary "
+                                         "wheels, once)"), ("spec",)),
+    ]
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser("bench", help="benchmark: plain vs speculative arms (spec, the default), plain decoding "
-                                     "alone (decode), serving under Poisson arrivals (serve), a server process under "
-                                     "concurrent mixed clients (soak), constrained decoding on the structured set (structured), one server "
-                                     "process against engine replicas on Ray (replicas), prefix-affinity against "
-                                     "random routing of multi-turn chats (affinity), precision modes "
-                                     "against float32 (precision), thread counts under competition (threads), "
-                                     "forward cost by row count on random weights, any device (steps), each "
-                                     "matrix product's error under int8 activations on the real target (matmul)")
-    b.add_argument("mode", nargs="?", choices=MODES, default="spec")
-    add_model_args(b)
-    b.add_argument("--draft", default=None, help="draft model for the draft arms (default: the registry's)")
-    b.add_argument("--draft-precision", choices=PRECISIONS, default=None, help=DRAFT_PRECISION_HELP)
-    b.add_argument("--arms", default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid"
-                                                "[,ngram_fixed]; serve: plain,draft[,ngram,suffix,hybrid]")
-    b.add_argument("--sets", default=",".join(SETS),
-                   help="prompt sets (spec: each run in file order through one engine per arm; serve: the "
-                        "request pool, shuffled unless --in-order)")
-    b.add_argument("-k", type=int, default=4)
-    b.add_argument("--prompts-file", default=None,
-                   help="decode: the prompt set (default code_gen); structured: the JSONL set (default structured)")
-    b.add_argument("--num-prompts", type=int, default=None, help="prompts per set (default 3; structured: 0, all)")
-    b.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 64; structured 384)")
-    b.add_argument("--repeats", type=int, default=3)
-    b.add_argument("--until-eos", action="store_true",
-                   help="spec, serve: a request ends at EOS as a client's would (--max-tokens is the cap); "
-                        "default: every request generates --max-tokens (peers always do)")
-    b.add_argument("--out", default="bench.json")
-    b.add_argument("--plot", default="bench.png", help="PNG plot (spec mode); empty for none")
-    _add_mode_args(b)
-    b.set_defaults(func=cmd_bench)
+    b = sub.add_parser("bench", help="benchmarks, one subcommand a mode: " + ", ".join(MODES) + " (spec when none "
+                                     "is named)", description="Benchmarks; each mode has its own flags "
+                                                              "(specdec bench MODE --help).")
+    modes = b.add_subparsers(dest="mode", required=True, metavar="MODE")
+    for mode in MODES:
+        m = modes.add_parser(mode, help=_DESCRIPTIONS[mode], description=_DESCRIPTIONS[mode])
+        add_model_args(m)
+        for names, kwargs, takers in _flags():
+            if mode in takers:
+                m.add_argument(*names, **kwargs)
+        m.set_defaults(func=cmd_bench)
 
 
-def _add_mode_args(b: argparse.ArgumentParser) -> None:
-    """Flags that only some modes read (each help says which)."""
-    b.add_argument("--precisions", default=None,
-                   help="precision mode: the modes compared with float32 (default int4,int4-a16,int4-a8); steps: "
-                        "the precisions timed (default float32,bfloat16; int4 modes load the real models)")
-    b.add_argument("--shapes", default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct",
-                   help="steps: the models timed (random weights of their shapes, but for int4 modes), "
-                        "the draft first, the target last")
-    b.add_argument("--rows", default="1,2,3,5,8,16,64,256", help="steps: new rows per forward")
-    b.add_argument("--context", type=int, default=512, help="steps: tokens already in the cache; matmul: "
-                                                            "tokens of the corpus chunk")
-    b.add_argument("--kind", default="code", help="matmul: the `specdec kld` corpus kind the activations come from")
-    b.add_argument("--first", type=int, default=16, help="matmul: the first row measured (the first rows' "
-                                                         "massive activations are a case of their own)")
-    b.add_argument("--rates", default="0.05,0.1,0.2", help="serve: Poisson arrival rates (requests/s)")
-    b.add_argument("--num-requests", type=int, default=8, help="serve: requests per rate; replicas: in all")
-    b.add_argument("--max-prompt-tokens", type=int, default=256, help="serve: prompts are cut to this")
-    b.add_argument("--max-batch-size", type=int, default=8, help="serve, replicas, affinity: running requests")
-    b.add_argument("--in-order", action="store_true",
-                   help="serve: requests arrive in file order (a session), not shuffled")
-    b.add_argument("--clients", type=int, default=8, help="soak, replicas, affinity: concurrent clients")
-    b.add_argument("--replicas", type=int, default=None,
-                   help="affinity: engine replicas on Ray (default 2); soak: serve with this many replicas on Ray "
-                        "(default 1: one process, no Ray)")
-    b.add_argument("--cpus-per-replica", type=float, default=1.0, help="replicas, affinity: Ray CPUs per replica")
-    b.add_argument("--routing", choices=("affinity", "random", "least_loaded"), default="affinity",
-                   help="replicas: how the Ray arms route")
-    b.add_argument("--conversations", type=int, default=16, help="affinity: conversations (from the chat set)")
-    b.add_argument("--turns", type=int, default=4, help="affinity: turns per conversation")
-    b.add_argument("--minutes", type=float, default=10.0, help="soak: how long the clients keep sending")
-    b.add_argument("--max-requests", type=int, default=0, help="soak: stop after this many requests (0: no cap)")
-    b.add_argument("--warmup-minutes", type=float, default=1.0,
-                   help="soak: the same mix first, not counted (memory is measured after it)")
-    b.add_argument("--kill-replica-at", type=float, default=None, metavar="SECONDS",
-                   help="soak with --replicas: SIGKILL one replica this many seconds into the run; the "
-                        "requests in flight on it are counted apart from failures")
-    b.add_argument("--check-outputs", action="store_true",
-                   help="soak: a fixed pool of bodies (greedy, seeded sampled with n 1 and 2, JSON schema, tools, "
-                        "cache salts; streamed and whole), each first run alone without speculation; a completed "
-                        "answer that differs from its reference counts as wrong, apart from failed")
-    b.add_argument("--bodies-per-kind", type=int, default=4,
-                   help="soak --check-outputs: distinct bodies of each compared kind (half of them streamed)")
-    b.add_argument("--policy", choices=SPEC_POLICIES, default="cost_model",
-                   help="serve, soak: speculation policy (fixed: -k drafts every step)")
-    b.add_argument("--seed", type=int, default=0, help="serve: arrivals and prompt choice; soak: the clients' draws "
-                                                       "(and, with --check-outputs, the sampled bodies' seeds)")
-    b.add_argument("--shape", default="17920x1536",
-                   help="threads: the layer timed, OUTxIN (default the 1.5B's gate|up)")
-    b.add_argument("--competitors", type=int, default=1, help="threads: busy processes in the contended run")
-    b.add_argument("--calls", type=int, default=10, help="threads: timed calls per cell and repeat")
-    b.add_argument("--peer", choices=["none", "transformers"], default="none",
-                   help="decode mode: also time transformers float32 on the same prompts, in the same run")
-    b.add_argument("--peers", default="",
-                   help="spec: other engines run interleaved with the arms on the same prompt ids and GGUF: "
-                        "transformers, transformers_assisted (float32; the test extra), llama.cpp, "
-                        "llama.cpp_lookup (prompt lookup), openvino, openvino_spec (its speculative decoding "
-                        "with the draft model), openvino_lookup (prompt lookup); comma list, default none. "
-                        "A peer that fails to install, load or run is recorded as failed")
-    b.add_argument("--install-peers", action="store_true",
-                   help="spec: install a peer engine asked for and missing: build llama-cpp-python from "
-                        "source into $SPECDEC_HOME/peers/llama-cpp (about 9 minutes, once); pip-install "
-                        "openvino-genai into $SPECDEC_HOME/peers/openvino (binary wheels, once)")
+def with_default_mode(argv: list[str]) -> list[str]:
+    """`specdec bench --sets ...` is `specdec bench spec --sets ...`: a mode goes in where none is named."""
+    if argv[:1] == ["bench"] and (len(argv) == 1 or argv[1] not in (*MODES, "-h", "--help")):
+        return ["bench", "spec", *argv[1:]]
+    return argv
+
+
+def _every_flag(a: argparse.Namespace) -> argparse.Namespace:
+    """The mode's flags, and every other mode's at its default: the runners share helpers."""
+    defaults = {}
+    for names, kwargs, _ in _flags():
+        dest = names[-1].lstrip("-").replace("-", "_")
+        defaults[dest] = kwargs.get("default", False if kwargs.get("action") == "store_true" else None)
+    return argparse.Namespace(**{**defaults, **vars(a)})
 
 
 def _with_mode_defaults(a: argparse.Namespace) -> argparse.Namespace:
@@ -145,7 +197,7 @@ def _pull_models(a: argparse.Namespace) -> None:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    a = _with_mode_defaults(a)
+    a = _with_mode_defaults(_every_flag(a))
     from specdec.extras import require, require_plotting
     if a.mode not in _NO_PLOT:   # before any pull: a missing extra fails at once
         require_plotting(a.plot, f"specdec bench {a.mode}")
