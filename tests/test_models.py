@@ -232,6 +232,9 @@ def test_a_requantized_draft_packs_its_wide_matrices_at_4_bits(home, tiny_llama)
             elif hasattr(a, "bits"):
                 assert b.bits == a.bits and (b.codes == a.codes).all(), name  # other types as the file's
     assert narrowed > 0
+    from specdec.config import DRAFT_REQUANTIZE
+    from specdec.models.gguf_packed import REQUANT
+    assert set(DRAFT_REQUANTIZE) == {None, *REQUANT}  # the config's choices are the packer's
     assert load_model(str(tiny_llama), "int4-a8", progress=False, requant="q4_1").cache_hit
     with pytest.raises(ValueError, match="int4 precision"):
         load_model(str(tiny_llama), "float32", progress=False, requant="q4_1")

@@ -11,8 +11,8 @@ t(n) / t(1), each setting's per-round ratio to the first precision listed, and
 c = t_draft(1) / t_target(1) for each draft / target pair: the numbers the cost-model controller
 learns. On the CPU, each forward is also stated against its bound on this machine: the larger of its
 memory time (the weights and the context's keys and values read once at the measured read bandwidth)
-and its compute time (n rows'
-multiply-adds at the int8 peak the kernels' own instructions reach, `kernel.int8_peak`). JSON and a PNG.
+and its compute time (n rows' multiply-adds at the int8 peak the kernels' own instructions reach,
+`kernel.int8_peak`). JSON and a PNG.
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def work_per_step(cfg: LlamaConfig, weights: dict, context: int) -> dict:
 
 
 def bound_ms(work: dict, rows: int, peaks: dict) -> float:
-    """The larger of the weights' read time and `rows` rows' multiply-adds at the int8 peak."""
+    """The larger of the step's bytes' read time and `rows` rows' multiply-adds at the int8 peak."""
     memory = work["bytes"] / (peaks["read_gb_s"] * 1e9)
     compute = rows * work["macs_per_row"] / peaks["int8_macs_per_s"]
     return 1e3 * max(memory, compute)

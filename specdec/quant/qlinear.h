@@ -423,15 +423,14 @@ inline void span_tile(int64_t k, const float* dx, const float* dsup, const float
     finish<MT>(acc, k / G, xsum, offset, y, ldy);
 }
 
-#ifndef SPECDEC_PF
-#define SPECDEC_PF 1024
-#endif
 // The codes a fixed distance ahead of those being read, a line at a time: features are contiguous, so
 // the stream runs on into the next feature's codes (a whole feature at once overloads the queue on
 // ffn_down's 4-7 KB rows).
+constexpr int kPrefetchAhead = 1024;
+
 template <int BYTES>
 inline void prefetch_ahead(const uint8_t* c) {
-    for (int b = 0; b < BYTES; b += 64) _mm_prefetch((const char*)c + SPECDEC_PF + b, _MM_HINT_T0);
+    for (int b = 0; b < BYTES; b += 64) _mm_prefetch((const char*)c + kPrefetchAhead + b, _MM_HINT_T0);
 }
 
 #ifdef __AVX512VNNI__
