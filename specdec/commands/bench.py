@@ -42,104 +42,103 @@ _DESCRIPTIONS = {
 _DRAFTED = ("spec", "serve", "soak", "structured", "replicas", "affinity")
 
 
-def _flags() -> list[tuple[tuple[str, ...], dict, tuple[str, ...]]]:
-    """Every flag a mode may take: (names, add_argument keywords, the modes that take it)."""
-    return [
-        (("--draft",), dict(default=None, help="draft model for the draft arms (default: the registry's)"), _DRAFTED),
-        (("--draft-precision",), dict(choices=PRECISIONS, default=None, help=DRAFT_PRECISION_HELP),
-         ("spec", "serve", "structured")),
-        (("--arms",), dict(default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid"
-                                              "[,ngram_fixed,draft_q4_*,draft_subvocab_*]; serve: "
-                                              "plain,draft[,ngram,suffix,hybrid]"),
-         ("spec", "serve", "structured", "replicas", "affinity")),
-        (("--sets",), dict(default=",".join(SETS), help="prompt sets (spec: each run in file order through one "
-                                                         "engine per arm; serve: the request pool, shuffled "
-                                                         "unless --in-order)"), ("spec", "serve", "soak", "precision")),
-        (("-k",), dict(type=int, default=4), ("spec", "serve", "soak", "structured", "threads")),
-        (("--prompts-file",), dict(default=None, help="the prompt set (decode: default code_gen; structured: the "
-                                                      "JSONL set, default structured)"), ("decode", "structured")),
-        (("--num-prompts",), dict(type=int, default=None, help="prompts per set (default 3; structured: 0, all)"),
-         ("spec", "decode", "soak", "structured", "precision")),
-        (("--max-tokens",), dict(type=int, default=None, help="tokens per request (default 64; structured 384)"),
-         ("spec", "decode", "serve", "soak", "structured", "replicas", "affinity", "precision")),
-        (("--repeats",), dict(type=int, default=3),
-         ("spec", "decode", "structured", "replicas", "affinity", "threads", "steps")),
-        (("--until-eos",), dict(action="store_true", help="a request ends at EOS as a client's would (--max-tokens "
-                                                          "is the cap); default: every request generates "
-                                                          "--max-tokens (peers always do)"), ("spec", "serve")),
-        (("--out",), dict(default="bench.json"), MODES),
-        (("--plot",), dict(default="bench.png", help="PNG plot beside the JSON unless named; empty for none"),
-         tuple(m for m in MODES if m not in _NO_PLOT)),
-        (("--precisions",), dict(default=None, help="precision: the modes compared with float32 (default "
-                                                    "int4,int4-a16,int4-a8); steps: the precisions timed (default "
-                                                    "float32,bfloat16; int4 modes load the real models, and may "
-                                                    "add :q4_1 for a requantized draft; llama.cpp)"),
-         ("precision", "steps")),
-        (("--shapes",), dict(default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct",
-                             help="the models timed (random weights of their shapes, but for int4 modes), the "
-                                  "draft first, the target last"), ("steps",)),
-        (("--rows",), dict(default="1,2,3,5,8,16,64,256", help="new rows per forward"), ("steps",)),
-        (("--context",), dict(type=int, default=512, help="steps: tokens already in the cache; matmul: tokens of "
-                                                          "the corpus chunk"), ("steps", "matmul")),
-        (("--kind",), dict(default="code", help="the `specdec kld` corpus kind the activations come from"),
-         ("matmul",)),
-        (("--first",), dict(type=int, default=16, help="the first row measured (the first rows' massive "
-                                                       "activations are a case of their own)"), ("matmul",)),
-        (("--rates",), dict(default="0.05,0.1,0.2", help="Poisson arrival rates (requests/s)"), ("serve",)),
-        (("--num-requests",), dict(type=int, default=8, help="serve: requests per rate; replicas: in all"),
-         ("serve", "replicas", "affinity")),
-        (("--max-prompt-tokens",), dict(type=int, default=256, help="prompts are cut to this"), ("serve",)),
-        (("--max-batch-size",), dict(type=int, default=8, help="running requests"),
-         ("serve", "soak", "replicas", "affinity")),
-        (("--in-order",), dict(action="store_true", help="requests arrive in file order (a session), not "
-                                                         "shuffled"), ("serve",)),
-        (("--clients",), dict(type=int, default=8, help="concurrent clients"), ("soak", "replicas", "affinity")),
-        (("--replicas",), dict(type=int, default=None, help="affinity: engine replicas on Ray (default 2); soak: "
-                                                            "serve with this many replicas on Ray (default 1: one "
-                                                            "process, no Ray)"), ("soak", "replicas", "affinity")),
-        (("--cpus-per-replica",), dict(type=float, default=1.0, help="Ray CPUs per replica"), ("replicas", "affinity")),
-        (("--routing",), dict(choices=("affinity", "random", "least_loaded"), default="affinity",
-                              help="how the Ray arms route"), ("replicas", "affinity")),
-        (("--conversations",), dict(type=int, default=16, help="conversations (from the chat set)"), ("affinity",)),
-        (("--turns",), dict(type=int, default=4, help="turns per conversation"), ("affinity",)),
-        (("--minutes",), dict(type=float, default=10.0, help="how long the clients keep sending"), ("soak",)),
-        (("--max-requests",), dict(type=int, default=0, help="stop after this many requests (0: no cap)"), ("soak",)),
-        (("--warmup-minutes",), dict(type=float, default=1.0, help="the same mix first, not counted (memory is "
-                                                                   "measured after it)"), ("soak",)),
-        (("--kill-replica-at",), dict(type=float, default=None, metavar="SECONDS",
-                                      help="with --replicas: SIGKILL one replica this many seconds into the run; "
-                                           "the requests in flight on it are counted apart from failures"),
-         ("soak",)),
-        (("--check-outputs",), dict(action="store_true",
-                                    help="a fixed pool of bodies (greedy, seeded sampled with n 1 and 2, JSON "
-                                         "schema, tools, cache salts; streamed and whole), each first run alone "
-                                         "without speculation; a completed answer that differs from its reference "
-                                         "counts as wrong, apart from failed"), ("soak",)),
-        (("--bodies-per-kind",), dict(type=int, default=4, help="--check-outputs: distinct bodies of each compared "
-                                                                "kind (half of them streamed)"), ("soak",)),
-        (("--policy",), dict(choices=SPEC_POLICIES, default="cost_model",
-                             help="speculation policy (fixed: -k drafts every step)"), ("serve", "soak")),
-        (("--seed",), dict(type=int, default=0, help="serve: arrivals and prompt choice; soak: the clients' draws "
-                                                     "(and, with --check-outputs, the sampled bodies' seeds)"),
-         ("serve", "soak")),
-        (("--shape",), dict(default="17920x1536", help="the layer timed, OUTxIN (default the 1.5B's gate|up)"),
-         ("threads",)),
-        (("--competitors",), dict(type=int, default=1, help="busy processes in the contended run"), ("threads",)),
-        (("--calls",), dict(type=int, default=10, help="timed calls per cell and repeat"), ("threads",)),
-        (("--peer",), dict(choices=["none", "transformers"], default="none",
-                           help="also time transformers float32 on the same prompts, in the same run"), ("decode",)),
-        (("--peers",), dict(default="", help="other engines run interleaved with the arms on the same prompt ids and "
-                                             "GGUF: transformers, transformers_assisted (float32; the test extra), "
-                                             "llama.cpp, llama.cpp_lookup (prompt lookup), openvino, openvino_spec "
-                                             "(its speculative decoding with the draft model), openvino_lookup "
-                                             "(prompt lookup); comma list, default none. A peer that fails to "
-                                             "install, load or run is recorded as failed"), ("spec",)),
-        (("--install-peers",), dict(action="store_true",
-                                    help="install a peer engine asked for and missing: build llama-cpp-python from "
-                                         "source into $SPECDEC_HOME/peers/llama-cpp (about 9 minutes, once); "
-                                         "pip-install openvino-genai into $SPECDEC_HOME/peers/openvino (binary "
-                                         "wheels, once)"), ("spec",)),
-    ]
+# every flag a mode may take: (names, add_argument keywords, the modes that take it)
+_FLAGS: list[tuple[tuple[str, ...], dict, tuple[str, ...]]] = [
+    (("--draft",), dict(default=None, help="draft model for the draft arms (default: the registry's)"), _DRAFTED),
+    (("--draft-precision",), dict(choices=PRECISIONS, default=None, help=DRAFT_PRECISION_HELP),
+     ("spec", "serve", "structured")),
+    (("--arms",), dict(default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid"
+                                          "[,ngram_fixed,draft_q4_*,draft_subvocab_*]; serve: "
+                                          "plain,draft[,ngram,suffix,hybrid]"),
+     ("spec", "serve", "structured", "replicas", "affinity")),
+    (("--sets",), dict(default=",".join(SETS), help="prompt sets (spec: each run in file order through one "
+                                                     "engine per arm; serve: the request pool, shuffled "
+                                                     "unless --in-order)"), ("spec", "serve", "soak", "precision")),
+    (("-k",), dict(type=int, default=4), ("spec", "serve", "soak", "structured", "threads")),
+    (("--prompts-file",), dict(default=None, help="the prompt set (decode: default code_gen; structured: the "
+                                                  "JSONL set, default structured)"), ("decode", "structured")),
+    (("--num-prompts",), dict(type=int, default=None, help="prompts per set (default 3; structured: 0, all)"),
+     ("spec", "decode", "soak", "structured", "precision")),
+    (("--max-tokens",), dict(type=int, default=None, help="tokens per request (default 64; structured 384)"),
+     ("spec", "decode", "serve", "soak", "structured", "replicas", "affinity", "precision")),
+    (("--repeats",), dict(type=int, default=3),
+     ("spec", "decode", "structured", "replicas", "affinity", "threads", "steps")),
+    (("--until-eos",), dict(action="store_true", help="a request ends at EOS as a client's would (--max-tokens "
+                                                      "is the cap); default: every request generates "
+                                                      "--max-tokens (peers always do)"), ("spec", "serve")),
+    (("--out",), dict(default="bench.json"), MODES),
+    (("--plot",), dict(default="bench.png", help="PNG plot beside the JSON unless named; empty for none"),
+     tuple(m for m in MODES if m not in _NO_PLOT)),
+    (("--precisions",), dict(default=None, help="precision: the modes compared with float32 (default "
+                                                "int4,int4-a16,int4-a8); steps: the precisions timed (default "
+                                                "float32,bfloat16; int4 modes load the real models, and may "
+                                                "add :q4_1 for a requantized draft; llama.cpp)"),
+     ("precision", "steps")),
+    (("--shapes",), dict(default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct",
+                         help="the models timed (random weights of their shapes, but for int4 modes), the "
+                              "draft first, the target last"), ("steps",)),
+    (("--rows",), dict(default="1,2,3,5,8,16,64,256", help="new rows per forward"), ("steps",)),
+    (("--context",), dict(type=int, default=512, help="steps: tokens already in the cache; matmul: tokens of "
+                                                      "the corpus chunk"), ("steps", "matmul")),
+    (("--kind",), dict(default="code", help="the `specdec kld` corpus kind the activations come from"),
+     ("matmul",)),
+    (("--first",), dict(type=int, default=16, help="the first row measured (the first rows' massive "
+                                                   "activations are a case of their own)"), ("matmul",)),
+    (("--rates",), dict(default="0.05,0.1,0.2", help="Poisson arrival rates (requests/s)"), ("serve",)),
+    (("--num-requests",), dict(type=int, default=8, help="serve: requests per rate; replicas: in all"),
+     ("serve", "replicas", "affinity")),
+    (("--max-prompt-tokens",), dict(type=int, default=256, help="prompts are cut to this"), ("serve",)),
+    (("--max-batch-size",), dict(type=int, default=8, help="running requests"),
+     ("serve", "soak", "replicas", "affinity")),
+    (("--in-order",), dict(action="store_true", help="requests arrive in file order (a session), not "
+                                                     "shuffled"), ("serve",)),
+    (("--clients",), dict(type=int, default=8, help="concurrent clients"), ("soak", "replicas", "affinity")),
+    (("--replicas",), dict(type=int, default=None, help="affinity: engine replicas on Ray (default 2); soak: "
+                                                        "serve with this many replicas on Ray (default 1: one "
+                                                        "process, no Ray)"), ("soak", "replicas", "affinity")),
+    (("--cpus-per-replica",), dict(type=float, default=1.0, help="Ray CPUs per replica"), ("replicas", "affinity")),
+    (("--routing",), dict(choices=("affinity", "random", "least_loaded"), default="affinity",
+                          help="how the Ray arms route"), ("replicas", "affinity")),
+    (("--conversations",), dict(type=int, default=16, help="conversations (from the chat set)"), ("affinity",)),
+    (("--turns",), dict(type=int, default=4, help="turns per conversation"), ("affinity",)),
+    (("--minutes",), dict(type=float, default=10.0, help="how long the clients keep sending"), ("soak",)),
+    (("--max-requests",), dict(type=int, default=0, help="stop after this many requests (0: no cap)"), ("soak",)),
+    (("--warmup-minutes",), dict(type=float, default=1.0, help="the same mix first, not counted (memory is "
+                                                               "measured after it)"), ("soak",)),
+    (("--kill-replica-at",), dict(type=float, default=None, metavar="SECONDS",
+                                  help="with --replicas: SIGKILL one replica this many seconds into the run; "
+                                       "the requests in flight on it are counted apart from failures"),
+     ("soak",)),
+    (("--check-outputs",), dict(action="store_true",
+                                help="a fixed pool of bodies (greedy, seeded sampled with n 1 and 2, JSON "
+                                     "schema, tools, cache salts; streamed and whole), each first run alone "
+                                     "without speculation; a completed answer that differs from its reference "
+                                     "counts as wrong, apart from failed"), ("soak",)),
+    (("--bodies-per-kind",), dict(type=int, default=4, help="--check-outputs: distinct bodies of each compared "
+                                                            "kind (half of them streamed)"), ("soak",)),
+    (("--policy",), dict(choices=SPEC_POLICIES, default="cost_model",
+                         help="speculation policy (fixed: -k drafts every step)"), ("serve", "soak")),
+    (("--seed",), dict(type=int, default=0, help="serve: arrivals and prompt choice; soak: the clients' draws "
+                                                 "(and, with --check-outputs, the sampled bodies' seeds)"),
+     ("serve", "soak")),
+    (("--shape",), dict(default="17920x1536", help="the layer timed, OUTxIN (default the 1.5B's gate|up)"),
+     ("threads",)),
+    (("--competitors",), dict(type=int, default=1, help="busy processes in the contended run"), ("threads",)),
+    (("--calls",), dict(type=int, default=10, help="timed calls per cell and repeat"), ("threads",)),
+    (("--peer",), dict(choices=["none", "transformers"], default="none",
+                       help="also time transformers float32 on the same prompts, in the same run"), ("decode",)),
+    (("--peers",), dict(default="", help="other engines run interleaved with the arms on the same prompt ids and "
+                                         "GGUF: transformers, transformers_assisted (float32; the test extra), "
+                                         "llama.cpp, llama.cpp_lookup (prompt lookup), openvino, openvino_spec "
+                                         "(its speculative decoding with the draft model), openvino_lookup "
+                                         "(prompt lookup); comma list, default none. A peer that fails to "
+                                         "install, load or run is recorded as failed"), ("spec",)),
+    (("--install-peers",), dict(action="store_true",
+                                help="install a peer engine asked for and missing: build llama-cpp-python from "
+                                     "source into $SPECDEC_HOME/peers/llama-cpp (about 9 minutes, once); "
+                                     "pip-install openvino-genai into $SPECDEC_HOME/peers/openvino (binary "
+                                     "wheels, once)"), ("spec",)),
+]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -150,7 +149,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     for mode in MODES:
         m = modes.add_parser(mode, help=_DESCRIPTIONS[mode], description=_DESCRIPTIONS[mode])
         add_model_args(m)
-        for names, kwargs, takers in _flags():
+        for names, kwargs, takers in _FLAGS:
             if mode in takers:
                 m.add_argument(*names, **kwargs)
         m.set_defaults(func=cmd_bench)
@@ -166,7 +165,7 @@ def with_default_mode(argv: list[str]) -> list[str]:
 def _every_flag(a: argparse.Namespace) -> argparse.Namespace:
     """The mode's flags, and every other mode's at its default: the runners share helpers."""
     defaults = {}
-    for names, kwargs, _ in _flags():
+    for names, kwargs, _ in _FLAGS:
         dest = names[-1].lstrip("-").replace("-", "_")
         defaults[dest] = kwargs.get("default", False if kwargs.get("action") == "store_true" else None)
     return argparse.Namespace(**{**defaults, **vars(a)})

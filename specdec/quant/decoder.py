@@ -87,7 +87,6 @@ class FusedDecoder:
         return out
 
 
-
 def describe_linear(weight: QuantLinear | torch.Tensor, bias: torch.Tensor | None, keep: list) -> Linear:
     """A linear layer as `kernels.h`'s struct: its parts side by side. The Part array goes into `keep`,
     which must outlive every call that reads it."""
@@ -107,6 +106,7 @@ def describe_linear(weight: QuantLinear | torch.Tensor, bias: torch.Tensor | Non
     keep.append(arr)
     n = sum(slot.n for slot in arr)
     return Linear(ctypes.cast(arr, ctypes.POINTER(Part)), len(parts), n, _ptr(bias))
+
 
 def _supported(weight: object) -> bool:
     """Whether the C++ loop runs this linear layer as `layers.linear` would: packed parts in a

@@ -121,6 +121,78 @@ inline void softmax_(float* s, int64_t len) {
     for (; t < len; ++t) s[t] /= sum;
 }
 
+constexpr int64_t kTokenBlock = 32;  // 32 keys or values of d = 128: 16 KB
+constexpr int64_t kMaxRun = 16;      // rows sharing one pass (their scores and outputs stay in cache)
+
+// Where each run of rows sharing a pass starts: row r + 1 joins row r's run when its context is row r's
+// followed by more slots.
+std::vector<int64_t> shared_runs(int64_t rows, const int64_t* ctx_slots, const int64_t* ctx_start,
+                                 const int64_t* ctx_len) {
+    std::vector<int64_t> starts;
+    for (int64_t r = 0; r < rows; ++r) {
+        const bool extends = r > 0 && r - starts.back() < kMaxRun && ctx_len[r] >= ctx_len[r - 1] &&
+                             std::equal(ctx_slots + ctx_start[r - 1], ctx_slots + ctx_start[r - 1] + ctx_len[r - 1],
+                                        ctx_slots + ctx_start[r]);
+        if (!extends) starts.push_back(r);
+    }
+    starts.push_back(rows);
+    return starts;
+}
+
+// f(r, t0, t1) for each block of kTokenBlock positions [t0, t1) of each row r in [r0, r1) that reaches
+// it, blocks outermost: a block is read from memory for the first row and from the L1 cache for the rest.
+template <class F>
+void blocks_of_run(int64_t r0, int64_t r1, const int64_t* ctx_len, F f) {
+    for (int64_t t0 = 0; t0 < ctx_len[r1 - 1]; t0 += kTokenBlock)
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t len = ctx_len[r], t1 = t0 + kTokenBlock < len ? t0 + kTokenBlock : len;
+            if (t0 < t1) f(r, t0, t1);
+        }
+}
+
+// Scores of rows [r0, r1) (each against its own context) for one KV head's query heads.
+// scores[i]: [group, ctx_len[r0 + i]].
+void run_scores(const float* q, int64_t ldq, int64_t r0, int64_t r1, int64_t group, int64_t num_kv_heads,
+                int64_t kvh, int64_t d, const float* k_cache, const int64_t* slots, const int64_t* ctx_len,
+                float scale, std::vector<std::vector<float>>& scores) {
+    blocks_of_run(r0, r1, ctx_len, [&](int64_t r, int64_t t0, int64_t t1) {
+        const int64_t len = ctx_len[r];
+        const float* qh = q + r * ldq + kvh * group * d;
+        float* sc = scores[r - r0].data();
+        for (int64_t g = 0; g < group; ++g) {
+            int64_t t = t0;
+            for (; t + 4 <= t1; t += 4) {
+                const float* kp[4];
+                float dots[4];
+                for (int j = 0; j < 4; ++j) kp[j] = k_cache + (slots[t + j] * num_kv_heads + kvh) * d;
+                dot4(qh + g * d, kp, d, dots);
+                for (int j = 0; j < 4; ++j) sc[g * len + t + j] = dots[j] * scale;
+            }
+            for (; t < t1; ++t)
+                sc[g * len + t] = dot(qh + g * d, k_cache + (slots[t] * num_kv_heads + kvh) * d, d) * scale;
+        }
+    });
+}
+
+// acc[i] ([group, d]) = the probabilities of rows [r0, r1) times the values; each output sums over t in
+// order, as one pass would, 64 of its values in registers over a block.
+void run_values(int64_t r0, int64_t r1, int64_t group, int64_t num_kv_heads, int64_t kvh, int64_t d,
+                const float* v_cache, const int64_t* slots, const int64_t* ctx_len,
+                const std::vector<std::vector<float>>& scores, std::vector<std::vector<float>>& acc) {
+    blocks_of_run(r0, r1, ctx_len, [&](int64_t r, int64_t t0, int64_t t1) {
+        for (int64_t g = 0; g < group; ++g) {
+            const float* p = scores[r - r0].data() + g * ctx_len[r];
+            const float* v = v_cache + kvh * d;
+            float* a = acc[r - r0].data() + g * d;
+            int64_t i0 = 0;
+            for (; i0 + 64 <= d; i0 += 64) pv_block<8>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
+            simd::with_count((d - i0) / 8, [&](auto w) {  // the last 8-56 values
+                pv_block<decltype(w)::value>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
+            });
+        }
+    });
+}
+
 }  // namespace
 
 extern "C" {
@@ -195,80 +267,6 @@ void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads) 
 // L1 cache; a query is read once for four keys. scores = q.k * scale; softmax with the maximum
 // subtracted; out = sum_t p_t v_t, with p normalized first. Each output's operations are the same
 // whatever it is grouped with. d a multiple of 8.
-constexpr int64_t kTokenBlock = 32;  // 32 keys or values of d = 128: 16 KB
-constexpr int64_t kMaxRun = 16;      // rows sharing one pass (their scores and outputs stay in cache)
-
-}  // extern "C"
-
-namespace {
-
-// Where each run of rows sharing a pass starts: row r + 1 joins row r's run when its context is row r's
-// followed by more slots.
-std::vector<int64_t> shared_runs(int64_t rows, const int64_t* ctx_slots, const int64_t* ctx_start,
-                                 const int64_t* ctx_len) {
-    std::vector<int64_t> starts;
-    for (int64_t r = 0; r < rows; ++r) {
-        const bool extends = r > 0 && r - starts.back() < kMaxRun && ctx_len[r] >= ctx_len[r - 1] &&
-                             std::equal(ctx_slots + ctx_start[r - 1], ctx_slots + ctx_start[r - 1] + ctx_len[r - 1],
-                                        ctx_slots + ctx_start[r]);
-        if (!extends) starts.push_back(r);
-    }
-    starts.push_back(rows);
-    return starts;
-}
-
-// Scores of rows [r0, r1) (each against its own context) for one KV head's query heads, key blocks
-// outermost so that each block is read once for every row. scores[i]: [group, ctx_len[r0 + i]].
-void run_scores(const float* q, int64_t ldq, int64_t r0, int64_t r1, int64_t group, int64_t num_kv_heads,
-                int64_t kvh, int64_t d, const float* k_cache, const int64_t* slots, const int64_t* ctx_len,
-                float scale, std::vector<std::vector<float>>& scores) {
-    const int64_t longest = ctx_len[r1 - 1];
-    for (int64_t t0 = 0; t0 < longest; t0 += kTokenBlock)
-        for (int64_t r = r0; r < r1; ++r) {
-            const int64_t len = ctx_len[r], t1 = t0 + kTokenBlock < len ? t0 + kTokenBlock : len;
-            const float* qh = q + r * ldq + kvh * group * d;
-            float* sc = scores[r - r0].data();
-            for (int64_t g = 0; g < group; ++g) {
-                int64_t t = t0;
-                for (; t + 4 <= t1; t += 4) {
-                    const float* kp[4];
-                    float dots[4];
-                    for (int j = 0; j < 4; ++j) kp[j] = k_cache + (slots[t + j] * num_kv_heads + kvh) * d;
-                    dot4(qh + g * d, kp, d, dots);
-                    for (int j = 0; j < 4; ++j) sc[g * len + t + j] = dots[j] * scale;
-                }
-                for (; t < t1; ++t)
-                    sc[g * len + t] = dot(qh + g * d, k_cache + (slots[t] * num_kv_heads + kvh) * d, d) * scale;
-            }
-        }
-}
-
-// acc[i] ([group, d]) = the probabilities of rows [r0, r1) times the values, value blocks outermost;
-// each output sums over t in order, as one pass would, 64 of its values in registers over a block.
-void run_values(int64_t r0, int64_t r1, int64_t group, int64_t num_kv_heads, int64_t kvh, int64_t d,
-                const float* v_cache, const int64_t* slots, const int64_t* ctx_len,
-                const std::vector<std::vector<float>>& scores, std::vector<std::vector<float>>& acc) {
-    const int64_t longest = ctx_len[r1 - 1];
-    for (int64_t t0 = 0; t0 < longest; t0 += kTokenBlock)
-        for (int64_t r = r0; r < r1; ++r) {
-            const int64_t len = ctx_len[r], t1 = t0 + kTokenBlock < len ? t0 + kTokenBlock : len;
-            for (int64_t g = 0; g < group && t0 < t1; ++g) {
-                const float* p = scores[r - r0].data() + g * len;
-                const float* v = v_cache + kvh * d;
-                float* a = acc[r - r0].data() + g * d;
-                int64_t i0 = 0;
-                for (; i0 + 64 <= d; i0 += 64) pv_block<8>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
-                simd::with_count((d - i0) / 8, [&](auto w) {  // the last 8-56 values
-                    pv_block<decltype(w)::value>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
-                });
-            }
-        }
-}
-
-}  // namespace
-
-extern "C" {
-
 void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
                const float* k_cache, const float* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
                const int64_t* ctx_len, float scale, float* out, int threads) {

@@ -15,18 +15,9 @@ namespace {
 // x as one kind of part reads it: rounded once (the constructor), then read by every feature's tiles.
 struct Reader {
     virtual ~Reader() = default;
-    // Feature j of `part` for rows [r0, r1): tiles of 8 rows, then the rest as one tile; y is the part's
-    // first output column.
+    // Feature j of `part` for rows [r0, r1) (row_tiles); y is the part's first output column.
     virtual void feature(const Part& part, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const = 0;
 };
-
-template <class Tile>
-inline void row_tiles(int64_t r0, int64_t r1, Tile tile) {
-    int64_t r = r0;
-    for (; r + 8 <= r1; r += 8) tile(std::integral_constant<int, 8>{}, r);
-    // the rest as one tile: k + 1 = 2..8 verification rows decode each group once
-    simd::with_count(r1 - r, [&](auto mt) { tile(mt, r); });
-}
 
 // int8 per 32 values, one float scale per group (Q4_0-like 4-bit codes, 8-bit codes: Q5_0, Q8_0).
 template <int BITS, int G>
@@ -153,16 +144,11 @@ inline int run_projection(const float* x, int64_t rows, int64_t k, const Part* p
         }
         start[p + 1] = start[p] + parts[p].n;
     }
-    const int64_t n = start[num_parts], block = row_block(k);
-    for (int64_t r0 = 0; r0 < rows; r0 += block) {
-        const int64_t r1 = r0 + block < rows ? r0 + block : rows;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk_size(n, threads))
-        for (int64_t f = 0; f < n; ++f) {
-            int64_t p = 0;
-            while (f >= start[p + 1]) ++p;
-            readers[p]->feature(parts[p], f - start[p], r0, r1, y + start[p], ldy);
-        }
-    }
+    parallel_features(start[num_parts], rows, k, threads, [&](int64_t f, int64_t r0, int64_t r1) {
+        int64_t p = 0;
+        while (f >= start[p + 1]) ++p;
+        readers[p]->feature(parts[p], f - start[p], r0, r1, y + start[p], ldy);
+    });
     return 0;
 }
 

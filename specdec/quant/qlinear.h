@@ -99,27 +99,40 @@ inline int64_t row_block(int64_t k) {
     return b < 8 ? 8 : b;
 }
 
-// Runs tile(MT, j, r, codes, scale, offset) over every output feature j (in parallel) and its rows
-// in tiles of 8, then the remaining 1-7 rows as one tile (a group's codes are decoded once per tile;
-// MT arrives as std::integral_constant). Rows go in blocks of `row_block` (a multiple of 8, so the
-// tiles are the same whatever the block: each output's arithmetic never depends on the blocking).
-template <int BITS, int G, class Tile>
-void for_each_feature(int64_t n, int64_t rows, int64_t k, const void* codes, const float* scale,
-                      const float* offset, int threads, Tile tile) {
-    const int64_t groups = k / G, bytes = row_bytes<BITS>(k), block = row_block(k);
+// tile(MT, r) for rows [r0, r1) in tiles of 8, then the remaining 1-7 rows as one tile (a group's codes
+// are decoded once per tile; MT arrives as std::integral_constant).
+template <class Tile>
+inline void row_tiles(int64_t r0, int64_t r1, Tile tile) {
+    int64_t r = r0;
+    for (; r + 8 <= r1; r += 8) tile(std::integral_constant<int, 8>{}, r);
+    // the rest as one tile: k + 1 = 2..8 verification rows decode each group once
+    simd::with_count(r1 - r, [&](auto mt) { tile(mt, r); });
+}
+
+// Runs feature(j, r0, r1) over every output feature j in [0, n) (in parallel), for rows in blocks of
+// `row_block` (a multiple of 8, so row_tiles' tiles are the same whatever the block: each output's
+// arithmetic never depends on the blocking).
+template <class Feature>
+void parallel_features(int64_t n, int64_t rows, int64_t k, int threads, Feature feature) {
+    const int64_t block = row_block(k);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         const int64_t r1 = r0 + block < rows ? r0 + block : rows;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, chunk_size(n, threads))
-        for (int64_t j = 0; j < n; ++j) {
-            const uint8_t* c = (const uint8_t*)codes + j * bytes;
-            const float* s = scale + j * groups;
-            const float* o = offset ? offset + j * groups : nullptr;
-            int64_t r = r0;
-            for (; r + 8 <= r1; r += 8) tile(std::integral_constant<int, 8>{}, j, r, c, s, o);
-            // the rest as one tile: k + 1 = 2..8 verification rows decode each group once
-            simd::with_count(r1 - r, [&](auto mt) { tile(mt, j, r, c, s, o); });
-        }
+        for (int64_t j = 0; j < n; ++j) feature(j, r0, r1);
     }
+}
+
+// Runs tile(MT, j, r, codes, scale, offset) over every output feature j and its rows (row_tiles).
+template <int BITS, int G, class Tile>
+void for_each_feature(int64_t n, int64_t rows, int64_t k, const void* codes, const float* scale,
+                      const float* offset, int threads, Tile tile) {
+    const int64_t groups = k / G, bytes = row_bytes<BITS>(k);
+    parallel_features(n, rows, k, threads, [&](int64_t j, int64_t r0, int64_t r1) {
+        const uint8_t* c = (const uint8_t*)codes + j * bytes;
+        const float* s = scale + j * groups;
+        const float* o = offset ? offset + j * groups : nullptr;
+        row_tiles(r0, r1, [&](auto mt, int64_t r) { tile(mt, j, r, c, s, o); });
+    });
 }
 
 // 32 codes of one group as four vectors of 8 floats, in element order.
