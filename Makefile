@@ -8,6 +8,8 @@ TEST_MODELS := smollm2-135m-instruct
 # the default pair, whose int4 caches `make run` reads (precision auto); any other cache is built on first use
 DEFAULT_PAIR := qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
 PROMPT ?= Write a Python function that checks whether a number is prime.
+# room for the whole answer: it ends at the model's own end of turn
+MAX_TOKENS ?= 1024
 
 .PHONY: setup models test-models run test bench lines clean-venv docs wheel wheel-smoke
 
@@ -31,7 +33,7 @@ test-models: $(STAMP)
 setup: $(STAMP) models
 
 run: setup
-	$(BIN)/specdec generate --chat --compare-plain "$(PROMPT)"
+	$(BIN)/specdec generate --chat --max-tokens $(MAX_TOKENS) --compare-plain "$(PROMPT)"
 
 test: setup test-models
 	$(BIN)/python -m pytest -q

@@ -206,3 +206,57 @@ def test_every_bench_command_in_the_docs_parses():
         if any(w in ("...", "MODE", "N", "SECONDS") or "[" in w for w in argv):
             continue  # a synopsis in prose, not a command
         parser.parse_args(with_default_mode(argv))
+
+
+def test_phase_timer_splits_a_call_into_self_times():
+    import time
+
+    from specdec.bench.phase_timer import PhaseTimer
+
+    class Work:
+        def inner(self):
+            time.sleep(0.02)
+
+        def outer(self):
+            time.sleep(0.01)
+            self.inner()
+            self.inner()
+    w, timer = Work(), PhaseTimer()
+    timer.wrap(w, "inner", "inner")
+    timer.wrap(w, "outer", "outer")
+    t0 = time.perf_counter()
+    w.outer()
+    wall = time.perf_counter() - t0
+    assert timer.calls == {"inner": 2, "outer": 1}
+    assert timer.seconds["inner"] >= 0.04 and 0.01 <= timer.seconds["outer"] < 0.04
+    assert sum(timer.seconds.values()) == pytest.approx(wall, rel=0.05)
+
+
+def test_step_overhead_bench_parts_add_up_to_the_step(tiny_qwen, tiny_llama, tmp_path):
+    from specdec.bench.step_overhead import FORWARDS, main as overhead
+    out = tmp_path / "overhead.json"
+    assert overhead(["--model", str(tiny_qwen), "--draft", str(tiny_llama), "--arms", "plain,draft",
+                     "-k", "2", "--max-tokens", "12", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0
+    plain, draft = report["arms"]
+    assert (plain["arm"], plain["k"], draft["arm"], draft["k"]) == ("plain", 0, "draft", 2)
+    for r in (plain, draft):
+        assert r["steps"] >= 5 and 0.0 < r["overhead_share_median"] < 1.0
+        parts = r["parts_ms_per_step"]
+        wall = sum(s["wall_seconds"] for s in r["per_step"])
+        assert r["step_seconds_total"] == pytest.approx(wall, rel=0.05)   # the parts cover the step
+        assert sum(parts.values()) == pytest.approx(1e3 * r["step_seconds_total"] / r["steps"], rel=1e-6)
+        assert sum(ms for n, ms in parts.items() if n not in FORWARDS) == pytest.approx(
+            1e3 * r["overhead_seconds_total"] / r["steps"], rel=1e-6)
+    assert "draft forward" in draft["parts_ms_per_step"] and "draft forward" not in plain["parts_ms_per_step"]
+
+
+def test_first_argmax_is_torchs():
+    from specdec.sample.sampler import first_argmax
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 3, (64, 257), generator=g).float()        # many ties: the first one wins
+    x[3] = float("-inf")
+    x[5, 17] = x[5, 40] = float("nan")
+    for rows in (x, x[:, ::3], x[7], x.double()):
+        assert torch.equal(first_argmax(rows), rows.argmax(-1))

@@ -244,7 +244,7 @@ def test_seeded_choices_survive_load_and_preemption(preempting_server, tiny_qwen
 def test_yaml_config(tmp_path):
     cfg, server, serving = load_yaml_config("configs/default.yaml")
     assert serving.replicas == 1 and not serving.on_ray
-    assert cfg.speculative.draft_model == "qwen2.5-coder-0.5b-instruct" and cfg.speculative.num_speculative_tokens == 4
+    assert cfg.speculative.draft_model == "qwen2.5-coder-0.5b-instruct" and cfg.speculative.num_speculative_tokens == 8
     assert cfg.scheduler.max_batch_size == 8 and cfg.cache.draft_cache_blocks == 1024 and server.host == "127.0.0.1"
     bad = tmp_path / "bad.yaml"
     for text, needle in (("execution_config:\n  speculation_lenght: 3\n", "execution_config.speculation_lenght"),

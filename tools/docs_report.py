@@ -640,6 +640,21 @@ def view_steps(data: dict) -> str:
     return text
 
 
+def view_overhead(data: dict) -> str:
+    """Per arm: the share of a step outside the forwards, then each part's self time a step."""
+    arms = data["arms"]
+    head = table(["arm", "ms a step (median)", "outside the forwards, median [min–max] over steps", "whole run"],
+                 [[a["arm"], num(a["step_ms_median"], 1),
+                   f"{100 * a['overhead_share_median']:.1f} % [{100 * a['overhead_share_min']:.1f}–"
+                   f"{100 * a['overhead_share_max']:.1f}]", f"{100 * a['overhead_share_whole']:.1f} %"] for a in arms])
+    names = sorted({n for a in arms for n in a["parts_ms_per_step"]},
+                   key=lambda n: -max(a["parts_ms_per_step"].get(n, 0.0) for a in arms))
+    parts = table(["part (self time)"] + [f"{a['arm']}: ms a step (share)" for a in arms],
+                  [[n] + [f"{a['parts_ms_per_step'][n]:.2f} ({100 * a['parts_share'][n]:.1f} %)"
+                          if n in a["parts_ms_per_step"] else "—" for a in arms] for n in names])
+    return head + "\n\n" + parts
+
+
 def view_row_invariance(data: dict) -> str:
     """Per layer: the row counts at which F.linear changed row 0's bits, against specdec's linear."""
     header = ["dtype, layer (out × in)", "F.linear: rows differing from 512", "specdec linear",
@@ -724,7 +739,7 @@ TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view
                "serve": view_serve, "soak": view_soak, "structured": view_structured, "steps": view_steps,
                "replicas": view_replicas, "affinity": view_affinity, "row-invariance": view_row_invariance,
                "kld": view_kld, "matmul": view_matmul, "peers": view_peers,
-               "tool-speed": view_tool_speed, "coupling": view_coupling}
+               "tool-speed": view_tool_speed, "coupling": view_coupling, "overhead": view_overhead}
 DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
 
 

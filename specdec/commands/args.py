@@ -8,6 +8,7 @@ import dataclasses
 from specdec.catalog import default_draft
 from specdec.config import (
     COUPLINGS,
+    DEFAULT_K,
     DEFAULT_TARGET,
     DRAFT_REQUANTIZE,
     PRECISION_CHOICES,
@@ -119,8 +120,8 @@ def add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
                         '"prompt_lookup_max": 4}\' (methods: ngram, draft_model, suffix, hybrid; '
                         'instead of --spec / --draft / --no-spec / -k)')
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None,
-                   help=f"k for the fixed policy, the maximum k otherwise (default "
-                        f"{SpeculativeConfig.num_speculative_tokens})")
+                   help="k for the fixed policy, the maximum k otherwise (default: "
+                        + ", ".join(f"{k} for {p}" for p, k in DEFAULT_K.items()) + ")")
     p.add_argument("--spec-policy", choices=SPEC_POLICIES, default=SpeculativeConfig.policy if defaults else None)
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft model scores only N frequent tokens (cheaper steps; still lossless)")
@@ -166,8 +167,7 @@ def speculative_config(a: argparse.Namespace, model: str | None = None) -> Specu
         if draft is None:
             raise ValueError(f"{model} has no default draft model; name one with --draft")
     return SpeculativeConfig(method=method, draft_model=draft,
-                             num_speculative_tokens=(SpeculativeConfig.num_speculative_tokens
-                                                     if a.num_speculative_tokens is None else a.num_speculative_tokens),
+                             num_speculative_tokens=a.num_speculative_tokens,
                              policy=a.spec_policy or SpeculativeConfig.policy,
                              controller=ControllerConfig(deterministic=a.spec_deterministic),
                              draft=DraftConfig(precision=a.draft_precision, vocab_size=a.draft_vocab,
@@ -181,8 +181,8 @@ def _from_json(a: argparse.Namespace, model: str) -> SpeculativeConfig:
                                       ("-k", a.num_speculative_tokens)) if value not in (None, False)]
     if given:
         raise ValueError(f"{spec_json.FLAG} and {given[0]} both set the speculation: keep one")
-    spec = spec_json.parse(a.speculative_config, model)
-    return dataclasses.replace(spec, policy=a.spec_policy or spec.policy,
+    spec = spec_json.parse(a.speculative_config, model, a.spec_policy)
+    return dataclasses.replace(spec,
                                controller=ControllerConfig(deterministic=a.spec_deterministic),
                                draft=DraftConfig(precision=a.draft_precision, vocab_size=a.draft_vocab,
                                                requantize=a.draft_requantize))

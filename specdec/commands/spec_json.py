@@ -30,8 +30,9 @@ KEYS: dict[str, tuple[str | None, str]] = {
 }
 
 
-def parse(text: str, target: str) -> SpeculativeConfig:
-    """The SpeculativeConfig of vLLM's JSON `text` for the target model `target`. Raises ValueError
+def parse(text: str, target: str, policy: str | None = None) -> SpeculativeConfig:
+    """The SpeculativeConfig of vLLM's JSON `text` for the target model `target`, under `policy`
+    (None: the default; it decides k where the JSON gives none). Raises ValueError
     (one line, naming the flag and the key) for bad JSON, an unsupported method or an unknown key."""
     try:
         values = json.loads(text)
@@ -47,7 +48,7 @@ def parse(text: str, target: str) -> SpeculativeConfig:
     if unknown:
         raise ValueError(f"{FLAG}: unknown or unsupported key{'s' if len(unknown) > 1 else ''} "
                          f"{', '.join(unknown)} (supported: method, draft_tensor_parallel_size, {', '.join(KEYS)})")
-    top: dict[str, Any] = {"method": method}
+    top: dict[str, Any] = {"method": method, **({"policy": policy} if policy else {})}
     groups: dict[str, dict[str, Any]] = {"ngram": {}, "suffix": {}}
     for key, value in values.items():
         group, name = KEYS[key]

@@ -20,6 +20,7 @@ from specdec.config.model import (
 )
 from specdec.config.server import CACHE_SCOPES, LOG_LEVELS, AutoscalingConfig, ServerConfig, ServingConfig
 from specdec.config.speculative import (
+    DEFAULT_K,
     DRAFT_REQUANTIZE,
     FLAT_SPEC_KEYS,
     SPEC_POLICIES,
@@ -33,7 +34,7 @@ from specdec.config.speculative import (
 from specdec.config.yaml_file import load_yaml_config
 
 __all__ = [
-    "AUTO_CPU_PRECISION", "AUTO_DRAFT_PRECISION", "CACHE_SCOPES", "DEFAULT_TARGET", "DRAFT_REQUANTIZE", "FLAT_SPEC_KEYS",
+    "AUTO_CPU_PRECISION", "AUTO_DRAFT_PRECISION", "CACHE_SCOPES", "DEFAULT_K", "DEFAULT_TARGET", "DRAFT_REQUANTIZE", "FLAT_SPEC_KEYS",
     "LOG_LEVELS",
     "PRECISIONS", "PRECISION_CHOICES", "SPEC_POLICIES", "AutoscalingConfig", "CacheConfig", "ControllerConfig",
     "DraftConfig", "EngineConfig", "ModelConfig", "NgramConfig", "RouterConfig", "SchedulerConfig", "ServerConfig",

@@ -160,13 +160,18 @@ def _group(cls: type, values: Any, where: str) -> Any:
     return cls(**values)
 
 
+# k when none is given: the cost model picks each step's k up to its maximum from measured prices and
+# acceptance, so a high ceiling costs nothing where drafts do not pay; a fixed k is paid every step
+DEFAULT_K = {"cost_model": 8, "heuristic": 4, "fixed": 4}
+
+
 @dataclass
 class SpeculativeConfig:
     """How to speculate. `num_speculative_tokens` is k for `fixed` and the maximum k otherwise; each
     proposer kind and policy part reads its own group."""
     method: str = "draft_model"            # a proposer kind (speculation/registry.py): "draft_model", "ngram", ...
     draft_model: str | None = None         # registry name or path, for kinds that need a model
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None   # None: the policy's DEFAULT_K
     policy: str = "cost_model"             # "cost_model" | "heuristic" | "fixed"
     ngram: NgramConfig = field(default_factory=NgramConfig)
     suffix: SuffixConfig = field(default_factory=SuffixConfig)
@@ -184,6 +189,8 @@ class SpeculativeConfig:
             raise ValueError(f"speculative method must be a proposer kind's name, got {self.method!r}")
         if self.policy not in SPEC_POLICIES:
             raise ValueError(f"speculative policy must be one of {SPEC_POLICIES}, got {self.policy!r}")
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = DEFAULT_K[self.policy]
         if not 0 <= self.num_speculative_tokens <= 16:
             raise ValueError(f"num_speculative_tokens must be in [0, 16], got {self.num_speculative_tokens}")
 

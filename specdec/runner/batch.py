@@ -4,6 +4,7 @@ alignment), each new token's cache slot, and each request's context for attentio
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,11 @@ class ForwardBatch:
     cu_num_logits: list[int]  # [len(chunks) + 1] offsets of each chunk's logits among them
 
 
+@functools.lru_cache(maxsize=None)
+def _offsets(block_size: int) -> torch.Tensor:
+    return torch.arange(block_size)
+
+
 def build_batch(chunks: list[ScheduledChunk], block_size: int, align: int, device: torch.device) -> ForwardBatch:
     """The flat rows of `chunks` (one after another), padded to a multiple of `align` rows; each
     token's cache slot comes from its request's block table (`block_size` slots a block)."""
@@ -31,12 +37,13 @@ def build_batch(chunks: list[ScheduledChunk], block_size: int, align: int, devic
     seqs: list[SeqAttention] = []
     logit_rows: list[int] = []
     cu = [0]
+    offsets = _offsets(block_size)
     for chunk in chunks:
         n = len(chunk.token_ids)
         start = chunk.start_position
+        # every slot of the table's blocks, in order, then the context's first start + n of them
         table = torch.tensor(chunk.block_ids, dtype=torch.long)
-        pos = torch.arange(start + n)
-        ctx_slots = table[pos // block_size] * block_size + pos % block_size
+        ctx_slots = (table[:, None] * block_size + offsets).view(-1)[: start + n]
         seqs.append(SeqAttention(len(ids), n, start, ctx_slots.to(device)))
         slots.extend(ctx_slots[start:].tolist())
         logit_rows.extend(range(len(ids) + n - chunk.num_logits, len(ids) + n))

@@ -35,6 +35,8 @@ def process_rows(logits: torch.Tensor, groups: list[RowGroup], in_place: bool = 
     """Raw float32 logits [sum(num_rows), vocab] -> processed logits for sampling (a copy unless
     `in_place`). Greedy rows get the bias and penalties only: temperature and filters cannot change
     the argmax."""
+    if all(g.params.greedy and not g.params.logit_bias and not g.params.needs_penalties for g in groups):
+        return logits if in_place else logits.clone()   # nothing to change: spare the per-row bookkeeping
     out = logits if in_place else logits.clone()
     start = 0
     for g in groups:

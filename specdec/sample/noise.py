@@ -18,6 +18,8 @@ import hashlib
 
 import torch
 
+from specdec.sample.sampler import first_argmax
+
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)   # SplitMix64's constants, as signed int64 (torch multiplies wrap)
 _M2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -45,7 +47,7 @@ def gumbel_rows(key: int, start: int, n: int, vocab: int) -> torch.Tensor:
 def coupled_argmax(logits: torch.Tensor, key: int, position: int) -> int:
     """The Gumbel-max token of processed logits (temperature and filters applied; -inf is excluded)."""
     vocab = logits.shape[-1]
-    return int((logits.float().cpu() + _gumbel(key, position, vocab)).argmax())
+    return int(first_argmax(logits.float().cpu() + _gumbel(key, position, vocab)))
 
 
 def gumbel_table(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:

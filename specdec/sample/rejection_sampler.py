@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec.sample.sampler import first_argmax
+
 
 def rejection_sample(
     draft_token_ids: torch.Tensor,     # [num_drafts_total] int64
@@ -57,7 +59,7 @@ def _accepted(drafts: torch.Tensor, rows: torch.Tensor, draft_probs: torch.Tenso
         return torch.zeros(0, dtype=torch.bool)
     accept = torch.zeros(len(drafts), dtype=torch.bool)
     if bool(greedy.any()):   # the first argmax, as plain greedy decoding takes
-        accept[greedy] = drafts[greedy] == logits[rows[greedy]].argmax(-1)
+        accept[greedy] = drafts[greedy] == first_argmax(logits[rows[greedy]])
     sampled = ~greedy
     if bool(sampled.any()):
         row_logits, x = logits[rows[sampled]], drafts[sampled]
@@ -83,7 +85,7 @@ def _final_tokens(rows: torch.Tensor, rejected: torch.Tensor, rejected_draft: to
                   draft_probs: torch.Tensor | None, is_greedy: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """[n]: the token after the accepted drafts. Sampled rows draw from the residual max(0, p - q) at
     a rejected draft, from p after the last one."""
-    final = rows.argmax(-1)
+    final = first_argmax(rows)
     sampled = ~is_greedy
     if not bool(sampled.any()):
         return final

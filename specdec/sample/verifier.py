@@ -23,7 +23,7 @@ from specdec.request import Request
 from specdec.sample.logits_processors import RowGroup, process_rows
 from specdec.sample.noise import gumbel_rows
 from specdec.sample.rejection_sampler import rejection_sample
-from specdec.sample.sampler import make_generator
+from specdec.sample.sampler import first_argmax, make_generator
 
 Sampler = Callable[..., tuple[list[list[int]], torch.Tensor]]
 Noise = Callable[[int, int, int, int], torch.Tensor]   # (key, first position, rows, vocab) -> [rows, vocab]
@@ -67,9 +67,8 @@ class Verifier:
         logits = process_rows(torch.cat(rows) if keep_raw else out.logits, groups, in_place=True)
         self._couple(logits, [c for _, c in scored], reqs)
         as_greedy = [r.params.greedy or r.noise_key is not None for r in reqs]
-        if all(c.num_drafts == 0 for _, c in scored) and all(as_greedy):
-            # plain greedy or coupled: the argmax is all the sampler would compute, without its bookkeeping
-            return {c.request_id: Verified([t], 0) for (_, c), t in zip(scored, logits.argmax(-1).tolist())}
+        if all(as_greedy):   # greedy or coupled: the argmax is all the sampler would compute
+            return _greedy([c for _, c in scored], first_argmax(logits).tolist())
         draft_ids = torch.tensor([t for _, c in scored for t in c.draft_token_ids], dtype=torch.long)
         num_drafts = torch.tensor([c.num_drafts for _, c in scored], dtype=torch.long)
         greedy = torch.tensor(as_greedy, dtype=torch.bool)
@@ -109,6 +108,20 @@ class Verifier:
                 uniforms[start:start + k], finals[r] = draws[:k], draws[k]
             start += k
         return uniforms, finals
+
+
+def _greedy(chunks: list[ScheduledChunk], best: list[int]) -> dict[str, Verified]:
+    """Each chunk keeps its drafts while they equal the argmax of their row, then emits the argmax of
+    the first row that differs (or of the row after its last draft)."""
+    out, start = {}, 0
+    for c in chunks:
+        rows = best[start:start + c.num_logits]
+        n = 0
+        while n < c.num_drafts and c.draft_token_ids[n] == rows[n]:
+            n += 1
+        out[c.request_id] = Verified(rows[: n + 1], n)
+        start += c.num_logits
+    return out
 
 
 def _draft_probs(chunks: list[ScheduledChunk], drafts: DraftBatch | None, vocab: int) -> torch.Tensor | None:

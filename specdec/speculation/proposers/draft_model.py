@@ -29,7 +29,7 @@ from specdec.runner.model_runner import ModelRunner
 from specdec.runner.threads import ThreadTuner, thread_tuner
 from specdec.sample.logits_processors import process_logits
 from specdec.sample.noise import coupled_argmax
-from specdec.sample.sampler import make_generator
+from specdec.sample.sampler import first_argmax, make_generator
 from specdec.grammar import Lookahead
 from specdec.speculation.proposers.base import BuildContext, DraftProposal, Drafts
 from specdec.speculation.proposers.self_draft import format_skip, is_self_draft, parse_skip, resolve_auto
@@ -169,7 +169,7 @@ class DraftModelProposer:
             logits = masked if bool(torch.isfinite(masked).any()) else logits
         processed = process_logits(logits, p, req.prompt_token_ids, req.output_token_ids + drafts)
         if p.greedy:
-            return int(processed.argmax()), None
+            return int(first_argmax(processed)), None
         if req.noise_key is not None:  # coupled: the target's noise at this position, no distribution needed
             return coupled_argmax(processed, req.noise_key, len(req.output_token_ids) + len(drafts)), None
         q = torch.softmax(processed.cpu(), dim=-1)  # on the CPU, as the engine's sampler: one stream per seed
@@ -177,7 +177,7 @@ class DraftModelProposer:
         if g is None:  # drafts get their own stream so a seed fixes them too
             g = self._generators[req.request_id] = make_generator(None if p.seed is None else p.seed + 1)
         noise = torch.empty_like(q).exponential_(generator=g)
-        return int((q / noise).argmax()), q
+        return int(first_argmax(q / noise)), q
 
     def _seen(self, req: Request) -> tuple[int, list[int]]:
         """Tokens of the request the draft has K/V for, and (for a request it has no table for yet)
