@@ -35,7 +35,7 @@ from specdec.request import (
     RequestStatus,
     SpecOptions,
 )
-from specdec.runner.model_runner import ModelRunner
+from specdec.runner.model_runner import ModelRunner, kv_cache_dtype
 from specdec.runner.teacher import teacher_forcing
 from specdec.runner.threads import thread_tuner
 from specdec.sample.noise import noise_key
@@ -81,7 +81,8 @@ class LLMEngine:
                                    spec.pools if spec else None, spec.reserve if spec else 0)
         self.runner = ModelRunner(LlamaModel(cfg, self.loaded.weights, self.max_model_len, self.device),
                                   cc.target_cache_blocks, cc.block_size, self.device,
-                                  self.tokenizer.never_sample_ids, self.tokenizer.vocab_size, thread_tuner(mc))
+                                  self.tokenizer.never_sample_ids, self.tokenizer.vocab_size, thread_tuner(mc),
+                                  kv_cache_dtype(cc.kv_cache_dtype, mc.precision, self.device))
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
         self.grammars = GrammarCompiler(self.tokenizer, config.structured)
         self.counters = EngineCounters()
@@ -237,12 +238,12 @@ class LLMEngine:
             self.speculator.verified(req, plan, k, num_accepted, j + 1, decoding, finished=status is not None)
 
     def _stats(self, req: Request) -> RequestStats:
-        spec, method = self.speculator, req.spec_method
+        spec, method, kv = self.speculator, req.spec_method, str(self.runner.kv_dtype).removeprefix("torch.")
         if spec is None:
-            return RequestStats.from_request(req, self.precision)
+            return RequestStats.from_request(req, self.precision, kv_cache_dtype=kv)
         names = [spec.name_of(i) for i in req.spec_history]
         return RequestStats.from_request(req, self.precision, spec.kind_of(method),
-                                         spec.name_of(method) if method else None, names)
+                                         spec.name_of(method) if method else None, names, kv)
 
     def _release(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)

@@ -118,10 +118,11 @@ class RequestStats:
     cached_prompt_tokens: int = 0          # prompt tokens the prefix cache held (not computed again)
     seed: int | None = None                # the request's seed (its own, or the one the engine drew for it)
     coupling: str | None = None            # how its sampled tokens were verified: "gumbel" | "rejection"; None: greedy
+    kv_cache_dtype: str | None = None      # the target's K/V cache format ("float32", "float16", ...)
 
     @classmethod
     def from_request(cls, req: Request, precision: str, method: str = "none", proposer: str | None = None,
-                     proposers_used: list[str] | None = None) -> "RequestStats":
+                     proposers_used: list[str] | None = None, kv_cache_dtype: str | None = None) -> "RequestStats":
         end = req.finish_time or time.perf_counter()
         first = req.first_token_time or end
         seconds = max(end - req.arrival_time, 1e-9)
@@ -137,6 +138,7 @@ class RequestStats:
             tokens_per_second=n / seconds,
             decode_tokens_per_second=(n - 1) / decode_time if n > 1 and decode_time > 0 else 0.0,
             precision=precision,
+            kv_cache_dtype=kv_cache_dtype,
             method=method,
             proposer=proposer,
             proposers_used=proposers_used or ([proposer] if proposer else []),

@@ -56,7 +56,7 @@ def engine_config(model: str, **overrides) -> EngineConfig:
     """An EngineConfig with small defaults suited to tests; overrides go to the right section."""
     sections = {"model": {"device": on_device(), "precision": "float32"}, "cache": {"target_cache_blocks": 256}, "scheduler": {}}
     owners = {"precision": "model", "max_model_len": "model", "device": "model", "block_size": "cache",
-              "target_cache_blocks": "cache", "enable_prefix_caching": "cache",
+              "target_cache_blocks": "cache", "enable_prefix_caching": "cache", "kv_cache_dtype": "cache",
               "max_num_batched_tokens": "scheduler", "max_batch_size": "scheduler",
               "long_prefill_token_threshold": "scheduler", "max_queued_requests": "scheduler"}
     for k, v in overrides.items():

@@ -116,6 +116,19 @@ def test_layer_kernels_agree_with_pytorch():
                                [(list(range(n)), 0, slots)], kv_heads, KernelOptions(layer_ops=use)))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
+    # a float16 cache is read as its exact widening: the same bits as float32 caches holding those values
+    ctx = kernel_contexts(n, slots)
+    half = tuple((torch.randn(200, kv_heads, d, generator=g) * 3).half() for _ in range(2))
+    got16, got32 = (torch.empty(n, heads * d) for _ in range(2))
+    kernel.attention(q, *half, *ctx, d ** -0.5, got16)
+    kernel.attention(q, *(c.float() for c in half), *ctx, d ** -0.5, got32)
+    assert torch.equal(got16, got32)
+
+
+def kernel_contexts(n: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One sequence of n rows over `slots`, causal: the attention kernel's (ctx_slots, ctx_start, ctx_len)."""
+    return slots.to(torch.int64).contiguous(), torch.zeros(n, dtype=torch.int64), torch.arange(1, n + 1)
+
 
 def _attention(q, k, v, caches, seqs_spec, num_kv_heads, options=KernelOptions()):
     """seqs_spec: list of (token rows in q, start_position, slots of the whole context)."""
@@ -130,8 +143,10 @@ def _attention(q, k, v, caches, seqs_spec, num_kv_heads, options=KernelOptions()
     return paged_attention(q[sel], k[sel], v[sel], caches, meta, options)[: len(rows)]
 
 
-@pytest.mark.parametrize("dtype,kernels", [(torch.float32, True), (torch.float32, False), (torch.bfloat16, False)])
-def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels):
+@pytest.mark.parametrize("dtype,kernels,kv_dtype", [(torch.float32, True, None), (torch.float32, False, None),
+                                                    (torch.bfloat16, False, None), (torch.float32, True, torch.float16),
+                                                    (torch.float32, False, torch.float16)])
+def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels, kv_dtype):
     dev = on_device()
     if kernels and dev != "cpu":
         pytest.skip("a CPU kernel")
@@ -144,7 +159,7 @@ def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels):
     slots = torch.randperm(256, generator=g)[:length].to(dev)  # scattered, like real block tables
 
     def fresh():
-        return tuple(torch.zeros(256 + 64, kv_heads, d, dtype=dtype, device=dev) for _ in range(2))
+        return tuple(torch.zeros(256 + 64, kv_heads, d, dtype=kv_dtype or dtype, device=dev) for _ in range(2))
 
     full = _attention(q, k, v, fresh(), [(list(range(length)), 0, slots)], kv_heads, options)
     # chunked prefill at ragged splits
@@ -204,14 +219,15 @@ def test_model_logits_bitwise_across_batching(arch, precision, request):
     assert torch.equal(torch.cat(got), ref)
 
 
-@pytest.mark.parametrize("arch,precision,skip", [
-    ("tiny_qwen", "float32", ()), ("tiny_qwen", "int4", ()), ("tiny_llama", "int4", ()), ("tiny_kquant", "int4", ()),
-    ("tiny_kquant", "int4-a8", ()), ("tiny_kquant", "int4-a16", ()), ("tiny_qwen", "int4-a8", ()),
-    ("tiny_qwen", "int4", (1,))])
-def test_fused_decoder_matches_the_python_loop(arch, precision, skip, request):
+@pytest.mark.parametrize("arch,precision,skip,kv", [
+    ("tiny_qwen", "float32", (), None), ("tiny_qwen", "int4", (), None), ("tiny_llama", "int4", (), None),
+    ("tiny_kquant", "int4", (), None), ("tiny_kquant", "int4-a8", (), None), ("tiny_kquant", "int4-a16", (), None),
+    ("tiny_qwen", "int4-a8", (), None), ("tiny_qwen", "int4", (1,), None), ("tiny_qwen", "int4-a8", (), torch.float16),
+    ("tiny_qwen", "float32", (), torch.float16)])
+def test_fused_decoder_matches_the_python_loop(arch, precision, skip, kv, request):
     """The layer loop in one C++ call (quant/decoder.py) gives bitwise the Python loop's logits and
     K/V, over prefill chunks and decode steps batched with another request (and with layers skipped,
-    as self-speculation does)."""
+    as self-speculation does), with float32 or float16 K/V caches (the C++ rounding is torch's)."""
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
     loaded = load_model(str(request.getfixturevalue(arch)), precision, progress=False)
@@ -222,7 +238,7 @@ def test_fused_decoder_matches_the_python_loop(arch, precision, skip, request):
     for fused in (True, False):
         model = LlamaModel(loaded.config, loaded.weights, 256, torch.device("cpu"), skip_layers=frozenset(skip),
                            options=KernelOptions(fused_decoder=fused))
-        runner = ModelRunner(model, 64, 4, torch.device("cpu"))
+        runner = ModelRunner(model, 64, 4, torch.device("cpu"), kv_dtype=kv)
         got, start, o = [], 0, 0
         for size in (9, 1, 5, 1, 1, 13):
             chunks = [ScheduledChunk("b", other[o:o + size + 1], o, list(range(20, 40)), 1),

@@ -151,16 +151,19 @@ def test_steps_bench_states_integer_modes_against_the_machines_peaks(tmp_path, m
     name = str(tiny_qwen)
     monkeypatch.setattr(steps, "SHAPES", {name: load_model(name, "float32", progress=False).config})
     out = tmp_path / "steps.json"
-    assert main(["bench", "steps", "--shapes", name, "--precisions", "int4-a8", "--rows", "1,2,9", "--context", "16",
-                 "--repeats", "1", "--out", str(out), "--plot", ""]) == 0
+    assert main(["bench", "steps", "--shapes", name, "--precisions", "int4-a8,int4-a8:kv=float16", "--rows", "1,2,9",
+                 "--context", "16", "--repeats", "1", "--out", str(out), "--plot", ""]) == 0
     report = json.loads(out.read_text())
     peaks = report["peaks"]
     assert peaks["read_gb_s"] > 0 and peaks["int8_macs_per_s"] > 0 and peaks["isa"] in ("avx2", "avx512-vnni")
-    work = report["work_per_step"][f"{name} int4-a8"]
+    work, work16 = report["work_per_step"][f"{name} int4-a8"], report["work_per_step"][f"{name} int4-a8:kv=float16"]
     assert work["bytes"] > 0 and work["macs_per_row"] > 0
+    assert work["kv_bytes"] == 2 * work16["kv_bytes"] > 0     # auto: float32 K/V under the int4 modes
     for r in report["results"]:
-        assert r["bound_ms"] == pytest.approx(steps.bound_ms(work, r["rows"], peaks)) and r["x_bound"] > 0
+        w = work16 if r["precision"].endswith("kv=float16") else work
+        assert r["bound_ms"] == pytest.approx(steps.bound_ms(w, r["rows"], peaks)) and r["x_bound"] > 0
         assert (r["r"] is None) == (r["rows"] == 1)
+    assert main(["bench", "steps", "--precisions", "int4-a8:kv=fp8", "--out", str(tmp_path / "x.json")]) == 2
 
 
 def test_a_steps_bound_is_the_larger_of_memory_and_compute():

@@ -2,6 +2,8 @@
 stop conditions, streaming, seeds, aborts and bad requests."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from conftest import engine_config
@@ -199,3 +201,23 @@ def test_parallel_samples_share_the_prompt_and_equal_separate_requests(tiny_qwen
     assert [r.output_token_ids for r in reqs] == [a[0] for a in alone]
     assert all(r.num_cached_tokens == n_prompt - 1 for r in reqs[1:])
     assert eng.kv.num_free_blocks() == eng.kv.num_blocks
+
+
+@pytest.mark.parametrize("precision", ["float32", "int4-a8"])
+def test_kv_cache_dtype(tiny_qwen, precision):
+    """auto holds K/V in the model's dtype; a set format is used as given, recorded in every output's
+    stats, and speculation stays exact under it."""
+    from conftest import cpu_precision
+    from specdec.config import CacheConfig, SpeculativeConfig
+    cpu_precision(precision)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    prompt = [5, 17, 99, 3, 250, 41]
+    for choice, want in (("auto", "float32"), ("float32", "float32"), ("float16", "float16")):
+        config = engine_config(str(tiny_qwen), precision=precision, kv_cache_dtype=choice)
+        plain = LLM(config=config).generate([prompt], params)[0]
+        spec = LLM(config=replace(config, speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=3,
+                                                                         policy="fixed"))).generate([prompt], params)[0]
+        assert plain.stats.kv_cache_dtype == spec.stats.kv_cache_dtype == want
+        assert spec.token_ids == plain.token_ids
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        CacheConfig(kv_cache_dtype="fp8")

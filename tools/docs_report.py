@@ -139,6 +139,16 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "bench-soak-checked-ray2-kill-zen3": ("2026-12-04", "zen3", "two replicas of the default pair on Ray Serve "
                                           "drafting k = 4 every step, one killed mid-run, every completed answer "
                                           "checked"),
+    "bench-step-overhead-zen3": ("2026-12-05", "zen3", "one greedy request, plain and with the draft model at "
+                                 "k = 4: each part of a step by its self time, the forwards apart"),
+    "kld-kv16-zen3": ("2026-12-05", "zen3", "int4-a8 with a float32 and a float16 K/V cache against float32 "
+                      "(llama.cpp's figures: kld-zen4, the same tokens)"),
+    "bench-steps-prices-zen3": ("2026-12-05", "zen3", "the three prices: the draft's and the target's forwards by "
+                                "new rows beside llama.cpp's, against this machine's bound"),
+    "bench-steps-kv-4k-zen3": ("2026-12-05", "zen3", "one row and five after 4,096 tokens of context: float16 and "
+                               "float32 K/V caches beside llama.cpp (float16 K/V)"),
+    "bench-steps-kv-8k-zen3": ("2026-12-05", "zen3", "one row and five after 8,192 tokens of context: float16 and "
+                               "float32 K/V caches beside llama.cpp (float16 K/V)"),
     "kld-zen4": ("2026-12-02", "zen4", "each mode against float32 with Q6_K at 6 bits and Q4_K's integer "
                  "minimums; the second half of each chunk scored"),
     "bench-peers-zen4": ("2026-12-02", "zen4", "int4-a8 (auto) beside llama.cpp and OpenVINO GenAI, their "
@@ -296,7 +306,8 @@ def kld_command(data: dict) -> str:
     extra = f" --max-tokens {data['max_tokens']}" if data.get("max_tokens") else ""
     first = f" --first {data['first']}" if "first" in data else ""
     return (f"specdec kld --model {data['model']} --modes {','.join(data['modes_scored'])} --ctx {data['ctx']}"
-            f"{first}{extra} --decode-tokens {data['decode_tokens']} --repeats {data['repeats']}")
+            f"{first}{extra} --decode-tokens {data['decode_tokens']} --repeats {data['repeats']}"
+            + ("" if "llama.cpp" in data["modes"] else " --no-llama-cpp"))
 
 
 def matmul_command(data: dict) -> str:
@@ -629,6 +640,13 @@ def view_steps(data: dict) -> str:
         text += f"\n\nms per forward, median of {data['repeats']} interleaved rounds."
     ratios = ", ".join(f"{p} {v['c']:.2f}" for p, v in data.get("draft_cost_ratio", {}).items())
     text += f"\n\nDraft cost ratio c (0.5B / 1.5B at one row): {ratios}." if ratios else ""
+    prices = {}
+    for r in data["results"]:
+        if r.get("r") is not None:
+            prices.setdefault(f"{r['model']}, {r['precision']}", []).append(f"{r['r']:.2f} ({r['rows']})")
+    if prices:
+        text += ("\n\nr, each row past the first in one-row steps (rows): "
+                 + "; ".join(f"{k}: {', '.join(v)}" for k, v in prices.items()) + ".")
     peaks = data.get("peaks")
     if peaks:
         rates = ", ".join(f"{v / 1e9:.0f} G on {t} thread{'s' * (int(t) > 1)}"

@@ -123,11 +123,16 @@ class Scores:
 
 
 def _engines(a, modes: list[str]) -> dict:
+    """An engine per mode: a precision, with `:kv=DTYPE` a K/V cache format other than its auto one."""
     from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from specdec.llm import LLM
-    config = lambda m: EngineConfig(model=ModelConfig(model=a.model, precision=m, num_threads=a.threads),  # noqa: E731
-                                    cache=CacheConfig(target_cache_blocks=a.ctx // 16 + 8, enable_prefix_caching=False),
-                                    scheduler=SchedulerConfig(max_num_batched_tokens=a.ctx))
+
+    def config(mode: str) -> EngineConfig:
+        precision, _, kv = mode.partition(":kv=")
+        return EngineConfig(model=ModelConfig(model=a.model, precision=precision, num_threads=a.threads),
+                            cache=CacheConfig(target_cache_blocks=a.ctx // 16 + 8, enable_prefix_caching=False,
+                                              kv_cache_dtype=kv or "auto"),
+                            scheduler=SchedulerConfig(max_num_batched_tokens=a.ctx))
     return {m: LLM(config=config(m), progress=False) for m in modes}
 
 
@@ -294,7 +299,8 @@ def register(sub) -> None:
     p = sub.add_parser("kld", help="each precision mode's KL divergence from float32 on a shipped corpus, "
                                    "with llama.cpp on the same GGUF as the anchor; the verdict `precision: auto` uses")
     p.add_argument("--model", default=DEFAULT_TARGET, help="a GGUF model (registry name or path)")
-    p.add_argument("--modes", default="bfloat16,int4,int4-a16,int4-a8", help="comma-separated modes to score")
+    p.add_argument("--modes", default="bfloat16,int4,int4-a16,int4-a8",
+                   help="comma-separated modes to score; MODE:kv=float32|float16 sets its K/V cache format")
     p.add_argument("--corpus", default=str(CORPUS), help="JSON Lines of {kind, source, text}")
     p.add_argument("--ctx", type=int, default=512, help="tokens per chunk")
     p.add_argument("--first", type=int, default=None, help="the first scored row of each chunk (predicted from "

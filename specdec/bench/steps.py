@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
+from specdec.config import KV_CACHE_DTYPES
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.extras import require_plotting
 from specdec.fileio import atomic_write_text
 from specdec.models.gguf_packed import REQUANT
 from specdec.models.llama import LlamaConfig, LlamaModel, param_shapes
-from specdec.runner.model_runner import ModelRunner
+from specdec.runner.model_runner import ModelRunner, kv_cache_dtype
 
 
 def _qwen(hidden: int, intermediate: int, layers: int, heads: int, head_dim: int) -> LlamaConfig:
@@ -70,15 +71,25 @@ def _weights(name: str, precision: str, device: torch.device) -> tuple[LlamaConf
     if device.type != "cpu":
         raise ValueError(f"precision {precision} runs on the CPU only")
     from specdec.models.loader import load_model
-    mode, _, requant = precision.partition(":")  # "int4-a8:q4_1": requantized at pack time (drafts)
-    loaded = load_model(name, mode, "cpu", progress=False, pull=True, requant=requant or None)
+    mode, requant, _ = _options(precision)
+    loaded = load_model(name, mode, "cpu", progress=False, pull=True, requant=requant)
     return loaded.config, loaded.weights
 
 
+def _options(precision: str) -> tuple[str, str | None, str]:
+    """'int4-a8', 'int4-a8:q4_1' (requantized at pack time, as drafts may be), 'int4-a8:kv=float32' (a
+    K/V cache format other than auto's), or both -> (mode, requant or None, kv_cache_dtype choice)."""
+    mode, *opts = precision.split(":")
+    requant = [o for o in opts if not o.startswith("kv=")]
+    kv = [o.removeprefix("kv=") for o in opts if o.startswith("kv=")]
+    return mode, (requant or [None])[0], (kv or ["auto"])[0]
+
+
 def _int_mode(precision: str) -> bool:
-    """An integer CPU mode, possibly requantized ("int4-a8:q4_1")."""
-    mode, _, requant = precision.partition(":")
-    return mode in INT_MODES and (not requant or requant in REQUANT)
+    """An integer CPU mode, possibly requantized or with its K/V cache format set."""
+    mode, requant, kv = _options(precision)
+    return (mode in INT_MODES and (requant is None or requant in REQUANT) and kv in KV_CACHE_DTYPES
+            and len(precision.split(":")) <= 3)
 
 
 def _kernel_available() -> bool:
@@ -91,15 +102,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def work_per_step(cfg: LlamaConfig, weights: dict, context: int) -> dict:
-    """What one forward must do at least: bytes read (every weight as held, and the context's float32
-    keys and values, each once; `bandwidth.py`) and multiply-adds per row (every matrix but the
+def work_per_step(cfg: LlamaConfig, weights: dict, context: int, kv_bytes_per_value: int = 4) -> dict:
+    """What one forward must do at least: bytes read (every weight as held, and the context's keys and
+    values as cached, each once; `bandwidth.py`) and multiply-adds per row (every matrix but the
     embedding table, and attention's two products over the context)."""
     from specdec.bench.bandwidth import weight_bytes_per_token
     macs = sum(math.prod(w.shape) for name, w in weights.items()
                if name != "embed" and len(w.shape) == 2 and not name.endswith("_bias"))
     macs += 2 * context * cfg.num_heads * cfg.head_dim * cfg.num_layers
-    kv_bytes = 2 * context * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
+    kv_bytes = 2 * context * cfg.num_kv_heads * cfg.head_dim * kv_bytes_per_value * cfg.num_layers
     return {"bytes": weight_bytes_per_token(weights, cfg.tie_embeddings) + kv_bytes, "kv_bytes": kv_bytes,
             "macs_per_row": macs}
 
@@ -128,13 +139,14 @@ def measure_peaks(threads: int) -> dict:
 class EngineRows:
     """Forwards of n new rows of one sequence after `context` tokens, through the engine's ModelRunner."""
 
-    def __init__(self, cfg: LlamaConfig, weights: dict, device: torch.device, rows: list[int], context: int) -> None:
-        self.work = work_per_step(cfg, weights, context)
+    def __init__(self, cfg: LlamaConfig, weights: dict, device: torch.device, rows: list[int], context: int,
+                 kv_dtype: torch.dtype | None = None) -> None:
         block_size = 16
         blocks = -(-(context + max(rows)) // block_size)
         self.device, self.context = device, context
         self.runner = ModelRunner(LlamaModel(cfg, weights, context + max(rows) + 1, device), blocks, block_size,
-                                  device)
+                                  device, kv_dtype=kv_dtype)
+        self.work = work_per_step(cfg, weights, context, self.runner.kv_caches[0][0].element_size())
         self.table = list(range(blocks))
         self.tokens = _tokens(cfg.vocab_size, context + max(rows))
         step = 256  # the context in prefill chunks, as the scheduler would
@@ -187,7 +199,8 @@ def _setting(name: str, precision: str, device: torch.device, rows: list[int], c
     if precision == PEER:
         return LlamaCppRows(name, rows, context)
     cfg, weights = _weights(name, precision, device)
-    return EngineRows(cfg, weights, device, rows, context)
+    mode, _, kv = _options(precision)
+    return EngineRows(cfg, weights, device, rows, context, kv_cache_dtype(kv, mode, device))
 
 
 def time_settings(settings: dict, rows: list[int], repeats: int) -> dict:
@@ -300,7 +313,7 @@ def run_steps_bench(a) -> dict:
     rows = [int(n) for n in a.rows.split(",")]
     if bad or a.context < 1 or a.repeats < 1 or min(rows) < 1:
         raise ValueError(f"steps: precisions from {', '.join((*DTYPES, *INT_MODES, PEER))} (an int4 mode may add "
-                         f":{'|'.join(REQUANT)}, requantized as a draft may be), "
+                         f":{'|'.join(REQUANT)}, requantized as a draft may be, and :kv=float32|float16), "
                          "--context, --repeats and --rows >= 1")
     require_plotting(a.plot, "specdec bench steps")
     return run(a.shapes.split(","), precisions, a.device, rows, a.context, a.repeats, a.out, a.plot or None)

@@ -10,6 +10,7 @@ from specdec.config import (
     COUPLINGS,
     DEFAULT_K,
     DEFAULT_TARGET,
+    KV_CACHE_DTYPES,
     DRAFT_REQUANTIZE,
     PRECISION_CHOICES,
     PRECISIONS,
@@ -55,6 +56,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help=f"requests running at once (default {SchedulerConfig.max_batch_size})")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
                    help=f"token budget of one step (default {SchedulerConfig.max_num_batched_tokens})")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=None,
+                   help="the K/V caches' format (default auto: the model's dtype; float16, llama.cpp's "
+                        "default, halves the cache's memory)")
+
+
+def cache_overrides(a: argparse.Namespace) -> dict:
+    """The CacheConfig fields the flags give."""
+    return {} if a.kv_cache_dtype is None else {"kv_cache_dtype": a.kv_cache_dtype}
 
 
 def scheduler_overrides(a: argparse.Namespace) -> dict:

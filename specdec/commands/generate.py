@@ -15,6 +15,7 @@ from specdec.commands.args import (
     add_model_args,
     add_sampling_args,
     add_spec_args,
+    cache_overrides,
     check_chat_template,
     check_device,
     config_models,
@@ -25,7 +26,7 @@ from specdec.commands.args import (
     scheduler_overrides,
     speculative_config,
 )
-from specdec.config import EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from specdec.prompts import read_prompts_file
 from specdec.sample.structured import check_structured
 from specdec.sampling_params import SamplingParams, StructuredOutput
@@ -58,6 +59,7 @@ def engine_config(a: argparse.Namespace, speculative: SpeculativeConfig | None) 
     return EngineConfig(model=ModelConfig(model=a.model, precision=a.precision, device=a.device,
                                           max_model_len=a.max_model_len, num_threads=a.threads,
                                           chat_template=a.chat_template, seed=a.seed),
+                        cache=CacheConfig(**cache_overrides(a)),
                         scheduler=SchedulerConfig(**scheduler_overrides(a)), speculative=speculative,
                         sampling=sampling_config(a))
 

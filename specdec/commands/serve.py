@@ -12,6 +12,7 @@ from specdec.commands.args import (
     add_engine_args,
     add_model_args,
     add_spec_args,
+    cache_overrides,
     check_chat_template,
     check_device,
     check_pulled,
@@ -82,7 +83,8 @@ def serve_configs(a: argparse.Namespace) -> tuple[EngineConfig, ServerConfig, Se
                                        else (EngineConfig(), ServerConfig(), ServingConfig()))
     model = _model_config(a, engine_cfg.model)
     sched = {**dataclasses.asdict(engine_cfg.scheduler), **scheduler_overrides(a)}
-    engine_cfg = EngineConfig(model=model, cache=CacheConfig(**dataclasses.asdict(engine_cfg.cache)),
+    cache = {**dataclasses.asdict(engine_cfg.cache), **cache_overrides(a)}
+    engine_cfg = EngineConfig(model=model, cache=CacheConfig(**cache),
                               scheduler=SchedulerConfig(**sched), structured=engine_cfg.structured,
                               sampling=sampling_config(a, engine_cfg.sampling),
                               speculative=_speculative(a, engine_cfg.speculative, model.model))

@@ -9,6 +9,7 @@ from specdec.config.model import (
     AUTO_DRAFT_PRECISION,
     COUPLINGS,
     DEFAULT_TARGET,
+    KV_CACHE_DTYPES,
     PRECISION_CHOICES,
     PRECISIONS,
     CacheConfig,
@@ -35,7 +36,7 @@ from specdec.config.yaml_file import load_yaml_config
 
 __all__ = [
     "AUTO_CPU_PRECISION", "AUTO_DRAFT_PRECISION", "CACHE_SCOPES", "DEFAULT_K", "DEFAULT_TARGET", "DRAFT_REQUANTIZE", "FLAT_SPEC_KEYS",
-    "LOG_LEVELS",
+    "KV_CACHE_DTYPES", "LOG_LEVELS",
     "PRECISIONS", "PRECISION_CHOICES", "SPEC_POLICIES", "AutoscalingConfig", "CacheConfig", "ControllerConfig",
     "DraftConfig", "EngineConfig", "ModelConfig", "NgramConfig", "RouterConfig", "SchedulerConfig", "ServerConfig",
     "ServingConfig", "SpeculativeConfig", "StructuredConfig", "SuffixConfig", "load_yaml_config", "specdec_home",

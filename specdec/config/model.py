@@ -43,17 +43,25 @@ class ModelConfig:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
 
 
+# auto: the model's own dtype; float16 (llama.cpp's default K/V format) halves the cache's memory
+KV_CACHE_DTYPES = ("auto", "float32", "float16")
+
+
 @dataclass
 class CacheConfig:
     block_size: int = 16
     target_cache_blocks: int = 1024   # KV blocks of the target pool (block_size tokens each)
     draft_cache_blocks: int = 1024    # KV blocks of each draft's pool
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"      # KV_CACHE_DTYPES
 
     def __post_init__(self) -> None:
         for name in ("block_size", "target_cache_blocks", "draft_cache_blocks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"cache_config.{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"cache_config.kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
 
 
 @dataclass

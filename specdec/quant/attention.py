@@ -61,7 +61,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tu
     k_cache.index_copy_(0, meta.slot_mapping, k[:num_real].to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v[:num_real].to(v_cache.dtype))
     num_heads, head_dim = q.shape[1], q.shape[2]
-    if (layer_kernels(q.dtype, q.device, options) and k_cache.dtype == torch.float32 and head_dim % 8 == 0
+    if (layer_kernels(q.dtype, q.device, options) and k_cache.dtype in kernel.KV_DTYPES and head_dim % 8 == 0
             and q.stride(1) == head_dim and q.stride(2) == 1 and q.shape[0] == meta.num_rows):
         out = torch.empty(q.shape[0], num_heads * head_dim, dtype=q.dtype)
         kernel.attention(q, k_cache, v_cache, *meta.row_contexts(), head_dim ** -0.5, out)
@@ -71,8 +71,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tu
     out = torch.zeros(q.shape[0], num_heads * head_dim, dtype=q.dtype, device=q.device)
     for seq in meta.seqs:
         # [context, num_kv_heads, head_dim]: a prefix of it is exactly one token's context
-        keys = k_cache.index_select(0, seq.context_slots)
-        values = v_cache.index_select(0, seq.context_slots)
+        keys = k_cache.index_select(0, seq.context_slots).to(q.dtype)   # a 16-bit cache widened exactly
+        values = v_cache.index_select(0, seq.context_slots).to(q.dtype)
         for i in range(seq.num_new):
             row = seq.row_start + i
             ctx = seq.start_position + i + 1

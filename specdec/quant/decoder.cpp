@@ -3,6 +3,7 @@
 // down. From Python the same loop made about 300 kernel calls a token, and their Python and ctypes
 // overhead cost more than attention's arithmetic. Every step calls the same kernels as the Python loop
 // (`llama.py`), in the same order, on the same rows: the results are bitwise the same.
+#include <immintrin.h>
 #include <string.h>
 
 #include <vector>
@@ -44,6 +45,18 @@ int linear(const Linear& l, const float* x, int64_t rows, int64_t k, float* y, i
     return 0;
 }
 
+// n values of one row's K or V into the cache at element `at`: as they are, or rounded to float16
+// (nearest even, as torch's .half()). n a multiple of 8.
+void store_kv(void* cache, int64_t at, const float* x, int64_t n, bool f16) {
+    if (!f16) {
+        memcpy((float*)cache + at, x, n * sizeof(float));
+        return;
+    }
+    uint16_t* out = (uint16_t*)cache + at;
+    for (int64_t i = 0; i < n; i += 8)
+        _mm_storeu_si128((__m128i*)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+}
+
 }  // namespace
 
 extern "C" {
@@ -68,12 +81,12 @@ int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, c
         if (int rc = linear(L.qkv, x.data(), rows, hd, qkv.data(), threads)) return rc;
         rope(qkv.data(), qkv_size, rows, D.num_heads + D.num_kv_heads, d, positions, cos, sin);
         for (int64_t r = 0; r < num_real; ++r) {
-            memcpy(L.k_cache + slot_mapping[r] * kv_size, qkv.data() + r * qkv_size + q_size, kv_size * sizeof(float));
-            memcpy(L.v_cache + slot_mapping[r] * kv_size, qkv.data() + r * qkv_size + q_size + kv_size,
-                   kv_size * sizeof(float));
+            const float* kv = qkv.data() + r * qkv_size + q_size;
+            store_kv(L.k_cache, slot_mapping[r] * kv_size, kv, kv_size, D.kv_f16);
+            store_kv(L.v_cache, slot_mapping[r] * kv_size, kv + kv_size, kv_size, D.kv_f16);
         }
         attention(qkv.data(), qkv_size, rows, D.num_heads, D.num_kv_heads, d, L.k_cache, L.v_cache, ctx_slots,
-                  ctx_start, ctx_len, D.attn_scale, attn.data(), threads);
+                  ctx_start, ctx_len, D.attn_scale, attn.data(), threads, D.kv_f16);
         if (int rc = linear(L.o, attn.data(), rows, q_size, delta.data(), threads)) return rc;
         rms_norm(h, hd, delta.data(), hd, rows, hd, L.post_norm, D.eps, x.data(), threads);
         if (int rc = linear(L.gate_up, x.data(), rows, hd, gate_up.data(), threads)) return rc;

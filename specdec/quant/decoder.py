@@ -26,6 +26,10 @@ def _float32(t: torch.Tensor | None) -> bool:
     return t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
 
 
+def _cache(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    return t.dtype == dtype and dtype in kernel.KV_DTYPES and t.device.type == "cpu" and t.is_contiguous()
+
+
 class FusedDecoder:
     """The layers of one model as the C++ loop sees them. `build` returns None where some weight has a
     form the loop does not run (the caller keeps the Python loop)."""
@@ -67,10 +71,12 @@ class FusedDecoder:
         hidden states [rows, hidden]. Writes each real row's K/V into its slot of `kv_caches` (one (k, v)
         per layer of the model, skipped ones included)."""
         if self._caches is not kv_caches:  # the runner's caches are allocated once
-            if not all(_float32(k) and _float32(v) for k, v in kv_caches):
-                raise ValueError("the fused decoder needs contiguous float32 CPU K/V caches")
+            dtype = kv_caches[0][0].dtype
+            if not all(_cache(k, dtype) and _cache(v, dtype) for k, v in kv_caches):
+                raise ValueError("the fused decoder needs contiguous CPU K/V caches, all float32 or all float16")
             for slot, n in zip(self.layers, self.indices):
                 slot.k_cache, slot.v_cache = kv_caches[n][0].data_ptr(), kv_caches[n][1].data_ptr()
+            self.dims.kv_f16 = int(dtype == torch.float16)
             self._caches = kv_caches
         assert h.dtype == torch.float32 and h.is_contiguous() and positions.dtype == slot_mapping.dtype == torch.int64
         out = torch.empty_like(h)

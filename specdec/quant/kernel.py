@@ -33,6 +33,7 @@ ISAS = {0: "avx2", 1: "avx512-vnni"}  # kernels.h's KERNEL_ISA_*
 
 # ---- the C ABI of kernels.h, mirrored once (tests/test_quant.py checks it against the header) ----
 _ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+KV_DTYPES = (torch.float32, torch.float16)  # what the attention kernel reads from the K/V caches
 
 
 class Part(ctypes.Structure):
@@ -51,7 +52,7 @@ class Layer(ctypes.Structure):
 
 class Dims(ctypes.Structure):
     _fields_ = [("hidden", _i64), ("intermediate", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
-                ("head_dim", _i64), ("eps", _f32), ("attn_scale", _f32)]
+                ("head_dim", _i64), ("eps", _f32), ("attn_scale", _f32), ("kv_f16", _int)]
 
 
 # every extern "C" function: name -> (result type, [(argument, type)]); pointers to data are void pointers
@@ -74,7 +75,7 @@ SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
     "attention": (None, [("q", _ptr), ("ldq", _i64), ("rows", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
                          ("d", _i64), ("k_cache", _ptr), ("v_cache", _ptr), ("ctx_slots", _ptr),
                          ("ctx_start", _ptr), ("ctx_len", _ptr), ("scale", _f32), ("out", _ptr),
-                         ("threads", _int)]),
+                         ("threads", _int), ("kv_f16", _int)]),
     "decoder_forward": (_int, [("layers", ctypes.POINTER(Layer)), ("num_layers", _i64),
                                ("dims", ctypes.POINTER(Dims)), ("final_norm", _ptr), ("h", _ptr), ("rows", _i64),
                                ("positions", _ptr), ("slot_mapping", _ptr), ("num_real", _i64),
@@ -251,11 +252,12 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx
               ctx_start: torch.Tensor, ctx_len: torch.Tensor, scale: float, out: torch.Tensor) -> None:
     """Causal attention of rows [0, len(ctx_len)) of q [rows, num_heads, d] (contiguous heads) over
     their own contexts: row r reads the cache slots ctx_slots[ctx_start[r]:ctx_start[r] + ctx_len[r]].
-    k_cache, v_cache: [slots, num_kv_heads, d] float32 contiguous; out: [>= rows, num_heads * d]
-    contiguous, its first rows written."""
-    assert q.dtype == k_cache.dtype == v_cache.dtype == out.dtype == torch.float32
+    k_cache, v_cache: [slots, num_kv_heads, d] float32 or float16 (both the same), contiguous; out:
+    [>= rows, num_heads * d] contiguous, its first rows written."""
+    assert q.dtype == out.dtype == torch.float32 and k_cache.dtype == v_cache.dtype in KV_DTYPES
     assert q.stride(2) == 1 and q.stride(1) == q.shape[2] and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert out.is_contiguous() and all(t.dtype == torch.int64 and t.is_contiguous() for t in (ctx_slots, ctx_start, ctx_len))
     _lib().attention(q.data_ptr(), q.stride(0), ctx_len.shape[0], q.shape[1], k_cache.shape[1], q.shape[2],
                      k_cache.data_ptr(), v_cache.data_ptr(), ctx_slots.data_ptr(), ctx_start.data_ptr(),
-                     ctx_len.data_ptr(), scale, out.data_ptr(), torch.get_num_threads())
+                     ctx_len.data_ptr(), scale, out.data_ptr(), torch.get_num_threads(),
+                     int(k_cache.dtype == torch.float16))

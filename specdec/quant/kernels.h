@@ -34,8 +34,8 @@ struct Layer {
     Linear o;
     Linear gate_up;
     Linear down;
-    float* k_cache;         // [slots, num_kv_heads, head_dim]
-    float* v_cache;
+    void* k_cache;          // [slots, num_kv_heads, head_dim], float32 or float16 (Dims.kv_f16)
+    void* v_cache;
 };
 
 struct Dims {
@@ -46,6 +46,7 @@ struct Dims {
     int64_t head_dim;
     float eps;
     float attn_scale;
+    int kv_f16;             // the K/V caches hold float16 (IEEE half, rounded to nearest even)
 };
 
 // kernel_isa's instruction sets for the integer-activation paths
@@ -74,8 +75,8 @@ void rope(float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t d, const i
           const float* sin);
 void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads);
 void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
-               const float* k_cache, const float* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
-               const int64_t* ctx_len, float scale, float* out, int threads);
+               const void* k_cache, const void* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
+               const int64_t* ctx_len, float scale, float* out, int threads, int kv_f16);
 
 // decoder.cpp: the layer loop in one call
 int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, const float* final_norm, float* h,

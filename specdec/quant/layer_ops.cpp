@@ -81,14 +81,13 @@ inline void dot4(const float* a, const float* const* b, int64_t n, float* out) {
 
 // acc[0 .. 8W) += sum over t in [t0, t1), in order, of p[t] * v_t[0 .. 8W), v_t = v + slots[t] * stride;
 // the accumulators stay in registers over the block.
-template <int W>
-inline void pv_block(const float* p, const float* v, const int64_t* slots, int64_t stride, int64_t t0, int64_t t1,
-                     float* acc) {
+template <int W, class Rows>
+inline void pv_block(const float* p, const Rows& v, int64_t i0, int64_t t0, int64_t t1, float* acc) {
     __m256 r[W];
     for (int i = 0; i < W; ++i) r[i] = _mm256_loadu_ps(acc + 8 * i);
     for (int64_t t = t0; t < t1; ++t) {
         const __m256 pt = _mm256_set1_ps(p[t]);
-        const float* vt = v + slots[t] * stride;
+        const float* vt = v.row(t) + i0;
         for (int i = 0; i < W; ++i) r[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * i), r[i]);
     }
     for (int i = 0; i < W; ++i) _mm256_storeu_ps(acc + 8 * i, r[i]);
@@ -139,6 +138,42 @@ std::vector<int64_t> shared_runs(int64_t rows, const int64_t* ctx_slots, const i
     return starts;
 }
 
+// One KV head's keys (or values) at context positions t, read as float32 rows of d: in place from a
+// float32 cache; from a float16 cache each block is widened once (exactly) into a buffer that every row
+// and query head of the run then reads, so the conversion is not repeated per query head.
+template <class T>
+struct KvRows;
+
+template <>
+struct KvRows<float> {
+    const float* cache;
+    const int64_t* slots;
+    int64_t stride, offset, d;
+    void begin(int64_t, int64_t) {}
+    const float* row(int64_t t) const { return cache + slots[t] * stride + offset; }
+};
+
+template <>
+struct KvRows<uint16_t> {
+    const uint16_t* cache;
+    const int64_t* slots;
+    int64_t stride, offset, d;
+    std::vector<float> buf = {};
+    int64_t first = -1;
+    void begin(int64_t t0, int64_t t1) {  // the block [t0, t1), unless it is the one held
+        if (t0 == first) return;
+        first = t0;
+        buf.resize(kTokenBlock * d);
+        for (int64_t t = t0; t < t1; ++t) {
+            const uint16_t* src = cache + slots[t] * stride + offset;
+            float* dst = buf.data() + (t - t0) * d;
+            for (int64_t i = 0; i < d; i += 8)
+                _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
+        }
+    }
+    const float* row(int64_t t) const { return buf.data() + (t - first) * d; }
+};
+
 // f(r, t0, t1) for each block of kTokenBlock positions [t0, t1) of each row r in [r0, r1) that reaches
 // it, blocks outermost: a block is read from memory for the first row and from the L1 cache for the rest.
 template <class F>
@@ -152,11 +187,14 @@ void blocks_of_run(int64_t r0, int64_t r1, const int64_t* ctx_len, F f) {
 
 // Scores of rows [r0, r1) (each against its own context) for one KV head's query heads.
 // scores[i]: [group, ctx_len[r0 + i]].
+template <class T>
 void run_scores(const float* q, int64_t ldq, int64_t r0, int64_t r1, int64_t group, int64_t num_kv_heads,
-                int64_t kvh, int64_t d, const float* k_cache, const int64_t* slots, const int64_t* ctx_len,
+                int64_t kvh, int64_t d, const T* k_cache, const int64_t* slots, const int64_t* ctx_len,
                 float scale, std::vector<std::vector<float>>& scores) {
+    KvRows<T> keys{k_cache, slots, num_kv_heads * d, kvh * d, d};
     blocks_of_run(r0, r1, ctx_len, [&](int64_t r, int64_t t0, int64_t t1) {
         const int64_t len = ctx_len[r];
+        keys.begin(t0, std::min(t0 + kTokenBlock, ctx_len[r1 - 1]));
         const float* qh = q + r * ldq + kvh * group * d;
         float* sc = scores[r - r0].data();
         for (int64_t g = 0; g < group; ++g) {
@@ -164,33 +202,66 @@ void run_scores(const float* q, int64_t ldq, int64_t r0, int64_t r1, int64_t gro
             for (; t + 4 <= t1; t += 4) {
                 const float* kp[4];
                 float dots[4];
-                for (int j = 0; j < 4; ++j) kp[j] = k_cache + (slots[t + j] * num_kv_heads + kvh) * d;
+                for (int j = 0; j < 4; ++j) kp[j] = keys.row(t + j);
                 dot4(qh + g * d, kp, d, dots);
                 for (int j = 0; j < 4; ++j) sc[g * len + t + j] = dots[j] * scale;
             }
             for (; t < t1; ++t)
-                sc[g * len + t] = dot(qh + g * d, k_cache + (slots[t] * num_kv_heads + kvh) * d, d) * scale;
+                sc[g * len + t] = dot(qh + g * d, keys.row(t), d) * scale;
         }
     });
 }
 
 // acc[i] ([group, d]) = the probabilities of rows [r0, r1) times the values; each output sums over t in
 // order, as one pass would, 64 of its values in registers over a block.
+template <class T>
 void run_values(int64_t r0, int64_t r1, int64_t group, int64_t num_kv_heads, int64_t kvh, int64_t d,
-                const float* v_cache, const int64_t* slots, const int64_t* ctx_len,
+                const T* v_cache, const int64_t* slots, const int64_t* ctx_len,
                 const std::vector<std::vector<float>>& scores, std::vector<std::vector<float>>& acc) {
+    KvRows<T> values{v_cache, slots, num_kv_heads * d, kvh * d, d};
     blocks_of_run(r0, r1, ctx_len, [&](int64_t r, int64_t t0, int64_t t1) {
+        values.begin(t0, std::min(t0 + kTokenBlock, ctx_len[r1 - 1]));
         for (int64_t g = 0; g < group; ++g) {
             const float* p = scores[r - r0].data() + g * ctx_len[r];
-            const float* v = v_cache + kvh * d;
             float* a = acc[r - r0].data() + g * d;
             int64_t i0 = 0;
-            for (; i0 + 64 <= d; i0 += 64) pv_block<8>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
+            for (; i0 + 64 <= d; i0 += 64) pv_block<8>(p, values, i0, t0, t1, a + i0);
             simd::with_count((d - i0) / 8, [&](auto w) {  // the last 8-56 values
-                pv_block<decltype(w)::value>(p, v + i0, slots, num_kv_heads * d, t0, t1, a + i0);
+                pv_block<decltype(w)::value>(p, values, i0, t0, t1, a + i0);
             });
         }
     });
+}
+
+template <class T>
+void attend(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
+            const T* k_cache, const T* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
+            const int64_t* ctx_len, float scale, float* out, int threads) {
+    const int64_t group = num_heads / num_kv_heads;
+    const std::vector<int64_t> runs = shared_runs(rows, ctx_slots, ctx_start, ctx_len);
+    const int64_t num_runs = (int64_t)runs.size() - 1;
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<std::vector<float>> scores(kMaxRun), acc(kMaxRun);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < num_runs * num_kv_heads; ++task) {
+            const int64_t run = task / num_kv_heads, kvh = task % num_kv_heads;
+            const int64_t r0 = runs[run], r1 = runs[run + 1];
+            const int64_t* slots = ctx_slots + ctx_start[r1 - 1];  // the longest context holds the others
+            for (int64_t r = r0; r < r1; ++r) {
+                scores[r - r0].resize(group * ctx_len[r]);
+                acc[r - r0].assign(group * d, 0.f);
+            }
+            run_scores(q, ldq, r0, r1, group, num_kv_heads, kvh, d, k_cache, slots, ctx_len, scale, scores);
+            for (int64_t r = r0; r < r1; ++r)
+                for (int64_t g = 0; g < group; ++g) softmax_(scores[r - r0].data() + g * ctx_len[r], ctx_len[r]);
+            run_values(r0, r1, group, num_kv_heads, kvh, d, v_cache, slots, ctx_len, scores, acc);
+            for (int64_t r = r0; r < r1; ++r) {
+                float* o = out + r * num_heads * d + kvh * group * d;
+                for (int64_t i = 0; i < group * d; ++i) o[i] = acc[r - r0][i];
+            }
+        }
+    }
 }
 
 }  // namespace
@@ -266,35 +337,17 @@ void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads) 
 // k + 1 rows): each block of 32 keys or values is read from memory once for all of them, then from the
 // L1 cache; a query is read once for four keys. scores = q.k * scale; softmax with the maximum
 // subtracted; out = sum_t p_t v_t, with p normalized first. Each output's operations are the same
-// whatever it is grouped with. d a multiple of 8.
+// whatever it is grouped with. d a multiple of 8. kv_f16: the caches hold float16 (IEEE half), widened to
+// float32 as they are read; else float32.
 void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
-               const float* k_cache, const float* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
-               const int64_t* ctx_len, float scale, float* out, int threads) {
-    const int64_t group = num_heads / num_kv_heads;
-    const std::vector<int64_t> runs = shared_runs(rows, ctx_slots, ctx_start, ctx_len);
-    const int64_t num_runs = (int64_t)runs.size() - 1;
-#pragma omp parallel num_threads(threads)
-    {
-        std::vector<std::vector<float>> scores(kMaxRun), acc(kMaxRun);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < num_runs * num_kv_heads; ++task) {
-            const int64_t run = task / num_kv_heads, kvh = task % num_kv_heads;
-            const int64_t r0 = runs[run], r1 = runs[run + 1];
-            const int64_t* slots = ctx_slots + ctx_start[r1 - 1];  // the longest context holds the others
-            for (int64_t r = r0; r < r1; ++r) {
-                scores[r - r0].resize(group * ctx_len[r]);
-                acc[r - r0].assign(group * d, 0.f);
-            }
-            run_scores(q, ldq, r0, r1, group, num_kv_heads, kvh, d, k_cache, slots, ctx_len, scale, scores);
-            for (int64_t r = r0; r < r1; ++r)
-                for (int64_t g = 0; g < group; ++g) softmax_(scores[r - r0].data() + g * ctx_len[r], ctx_len[r]);
-            run_values(r0, r1, group, num_kv_heads, kvh, d, v_cache, slots, ctx_len, scores, acc);
-            for (int64_t r = r0; r < r1; ++r) {
-                float* o = out + r * num_heads * d + kvh * group * d;
-                for (int64_t i = 0; i < group * d; ++i) o[i] = acc[r - r0][i];
-            }
-        }
-    }
+               const void* k_cache, const void* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
+               const int64_t* ctx_len, float scale, float* out, int threads, int kv_f16) {
+    if (kv_f16)
+        attend(q, ldq, rows, num_heads, num_kv_heads, d, (const uint16_t*)k_cache, (const uint16_t*)v_cache, ctx_slots,
+               ctx_start, ctx_len, scale, out, threads);
+    else
+        attend(q, ldq, rows, num_heads, num_kv_heads, d, (const float*)k_cache, (const float*)v_cache, ctx_slots,
+               ctx_start, ctx_len, scale, out, threads);
 }
 
 }  // extern "C"

@@ -17,12 +17,23 @@ from specdec.runner.batch import build_batch
 from specdec.runner.threads import ThreadTuner, using_threads
 
 
+def kv_cache_dtype(choice: str, precision: str, device: torch.device) -> torch.dtype | None:
+    """The K/V caches' dtype for a `cache_config.kv_cache_dtype` choice (config.KV_CACHE_DTYPES); None: the
+    model's own. Auto is the model's: both formats are as close to float32 as llama.cpp under the int4
+    modes (`specdec kld`), and float16's half the bytes did not make long contexts faster on the CPUs
+    measured (docs/performance.md); `precision` and `device` are what a later choice may read."""
+    if choice == "auto":
+        return None
+    return {"float32": torch.float32, "float16": torch.float16}[choice]
+
+
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device,
                  never_sample_ids: list[int] | None = None, vocab_limit: int | None = None,
-                 tuner: ThreadTuner | None = None) -> None:
+                 tuner: ThreadTuner | None = None, kv_dtype: torch.dtype | None = None) -> None:
         """`tuner`: the thread count of each forward, picked by measurement or fixed (`ThreadTuner.fixed`),
-        set around the forward only (None: torch's count, untouched)."""
+        set around the forward only (None: torch's count, untouched). `kv_dtype`: the K/V caches' dtype
+        (None: the model's)."""
         cfg = model.cfg
         self.tuner = tuner
         self.model = model
@@ -30,8 +41,9 @@ class ModelRunner:
         self.device = device
         shape = (num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
         # zeros: pages are only touched (and counted) as slots are used
-        self.kv_caches = [(torch.zeros(shape, dtype=model.dtype, device=device),
-                           torch.zeros(shape, dtype=model.dtype, device=device)) for _ in range(cfg.num_layers)]
+        self.kv_dtype = kv_dtype or model.dtype
+        self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=device),
+                           torch.zeros(shape, dtype=self.kv_dtype, device=device)) for _ in range(cfg.num_layers)]
         mask = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         if never_sample_ids:
             mask[torch.tensor(never_sample_ids, dtype=torch.long)] = True

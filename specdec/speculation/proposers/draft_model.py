@@ -25,7 +25,7 @@ from specdec.models.llama import LlamaModel
 from specdec.models.registry import default_draft
 from specdec.models.loader import LoadedModel, load_model
 from specdec.request import Request
-from specdec.runner.model_runner import ModelRunner
+from specdec.runner.model_runner import ModelRunner, kv_cache_dtype
 from specdec.runner.threads import ThreadTuner, thread_tuner
 from specdec.sample.logits_processors import process_logits
 from specdec.sample.noise import coupled_argmax
@@ -64,7 +64,9 @@ def build(ctx: BuildContext) -> DraftModelProposer:
     return DraftModelProposer(draft, config.cache.draft_cache_blocks, config.cache.block_size,
                               torch.device(config.model.device), shared, ctx.max_model_len, spec.draft.vocab_size,
                               skip_layers=skip, name=name if skip is not None else None,
-                              tuner=thread_tuner(config.model), prefix_caching=config.cache.enable_prefix_caching)
+                              tuner=thread_tuner(config.model), prefix_caching=config.cache.enable_prefix_caching,
+                              kv_dtype=kv_cache_dtype(config.cache.kv_cache_dtype, draft.precision,
+                                                      torch.device(config.model.device)))
 
 
 def check_same_vocabulary(target_tokens: list[str], draft_tokens: list[str], target_name: str,
@@ -84,7 +86,8 @@ class DraftModelProposer:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: torch.device,
                  vocab_size: int, max_model_len: int, draft_vocab_size: int | None = None,
                  skip_layers: frozenset[int] | None = None, name: str | None = None,
-                 tuner: ThreadTuner | None = None, prefix_caching: bool = True) -> None:
+                 tuner: ThreadTuner | None = None, prefix_caching: bool = True,
+                 kv_dtype: torch.dtype | None = None) -> None:
         """`skip_layers`: self-speculation (`loaded` is the target; see speculation/proposers/self_draft.py). `tuner`: the
         draft forwards' own thread-count tuner (runner/threads.py). `prefix_caching`: the engine's
         setting, so that turning it off turns off both pools' caches."""
@@ -98,7 +101,7 @@ class DraftModelProposer:
         self.vocab_size = vocab_size
         self.kv = KVCacheManager(num_blocks, block_size, enable_caching=prefix_caching)
         self.runner = ModelRunner(model, num_blocks, block_size, device, loaded.tokenizer.never_sample_ids,
-                                  vocab_limit=vocab_size, tuner=tuner)
+                                  vocab_limit=vocab_size, tuner=tuner, kv_dtype=kv_dtype)
         self._generators: dict[str, torch.Generator] = {}
 
     @property
