@@ -74,6 +74,8 @@ def config_yaml(serving: str, max_body: int = 1 << 20, server: str = "") -> str:
     return (f"execution_config:\n  target_model: {SMOLLM}\n  precision: float32\n  draft_model: ngram\n"
             f"  speculation_length: 3\n  max_batch_size: 8\n  max_queued_requests: 32\n"
             f"  cache_config:\n    target_cache_blocks: 512\n"
+            # k fixed: whether the cost model drafts depends on measured time, and the tests need drafts
+            f"speculative:\n  policy: fixed\n"
             f"server:\n  max_body_bytes: {max_body}\n  drain_seconds: 2\n{server}"
             f"serving:\n{serving}")
 
