@@ -82,7 +82,8 @@ class LLMEngine:
         self.runner = ModelRunner(LlamaModel(cfg, self.loaded.weights, self.max_model_len, self.device),
                                   cc.target_cache_blocks, cc.block_size, self.device,
                                   self.tokenizer.never_sample_ids, self.tokenizer.vocab_size, thread_tuner(mc),
-                                  kv_cache_dtype(cc.kv_cache_dtype, mc.precision, self.device))
+                                  kv_cache_dtype(cc.kv_cache_dtype))
+        self.kv_cache_dtype = str(self.runner.kv_dtype).removeprefix("torch.")   # what outputs record
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
         self.grammars = GrammarCompiler(self.tokenizer, config.structured)
         self.counters = EngineCounters()
@@ -238,7 +239,7 @@ class LLMEngine:
             self.speculator.verified(req, plan, k, num_accepted, j + 1, decoding, finished=status is not None)
 
     def _stats(self, req: Request) -> RequestStats:
-        spec, method, kv = self.speculator, req.spec_method, str(self.runner.kv_dtype).removeprefix("torch.")
+        spec, method, kv = self.speculator, req.spec_method, self.kv_cache_dtype
         if spec is None:
             return RequestStats.from_request(req, self.precision, kv_cache_dtype=kv)
         names = [spec.name_of(i) for i in req.spec_history]

@@ -199,8 +199,8 @@ def _setting(name: str, precision: str, device: torch.device, rows: list[int], c
     if precision == PEER:
         return LlamaCppRows(name, rows, context)
     cfg, weights = _weights(name, precision, device)
-    mode, _, kv = _options(precision)
-    return EngineRows(cfg, weights, device, rows, context, kv_cache_dtype(kv, mode, device))
+    kv = _options(precision)[2]
+    return EngineRows(cfg, weights, device, rows, context, kv_cache_dtype(kv))
 
 
 def time_settings(settings: dict, rows: list[int], repeats: int) -> dict:

@@ -17,14 +17,12 @@ from specdec.runner.batch import build_batch
 from specdec.runner.threads import ThreadTuner, using_threads
 
 
-def kv_cache_dtype(choice: str, precision: str, device: torch.device) -> torch.dtype | None:
+def kv_cache_dtype(choice: str) -> torch.dtype | None:
     """The K/V caches' dtype for a `cache_config.kv_cache_dtype` choice (config.KV_CACHE_DTYPES); None: the
     model's own. Auto is the model's: both formats are as close to float32 as llama.cpp under the int4
-    modes (`specdec kld`), and float16's half the bytes did not make long contexts faster on the CPUs
-    measured (docs/performance.md); `precision` and `device` are what a later choice may read."""
-    if choice == "auto":
-        return None
-    return {"float32": torch.float32, "float16": torch.float16}[choice]
+    modes (`specdec kld`), and float16's half the bytes did not make long contexts faster on the CPU
+    measured (docs/performance.md)."""
+    return {"auto": None, "float32": torch.float32, "float16": torch.float16}[choice]
 
 
 class ModelRunner:

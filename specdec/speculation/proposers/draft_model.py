@@ -65,8 +65,7 @@ def build(ctx: BuildContext) -> DraftModelProposer:
                               torch.device(config.model.device), shared, ctx.max_model_len, spec.draft.vocab_size,
                               skip_layers=skip, name=name if skip is not None else None,
                               tuner=thread_tuner(config.model), prefix_caching=config.cache.enable_prefix_caching,
-                              kv_dtype=kv_cache_dtype(config.cache.kv_cache_dtype, draft.precision,
-                                                      torch.device(config.model.device)))
+                              kv_dtype=kv_cache_dtype(config.cache.kv_cache_dtype))
 
 
 def check_same_vocabulary(target_tokens: list[str], draft_tokens: list[str], target_name: str,
