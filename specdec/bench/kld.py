@@ -124,14 +124,14 @@ class Scores:
 
 def _engines(a, modes: list[str]) -> dict:
     """An engine per mode: a precision, with `:kv=DTYPE` a K/V cache format other than its auto one."""
-    from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, split_kv
     from specdec.llm import LLM
 
     def config(mode: str) -> EngineConfig:
-        precision, _, kv = mode.partition(":kv=")
+        precision, kv = split_kv(mode)
         return EngineConfig(model=ModelConfig(model=a.model, precision=precision, num_threads=a.threads),
                             cache=CacheConfig(target_cache_blocks=a.ctx // 16 + 8, enable_prefix_caching=False,
-                                              kv_cache_dtype=kv or "auto"),
+                                              kv_cache_dtype=kv),
                             scheduler=SchedulerConfig(max_num_batched_tokens=a.ctx))
     return {m: LLM(config=config(m), progress=False) for m in modes}
 

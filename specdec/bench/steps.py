@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.config import KV_CACHE_DTYPES
+from specdec.config import KV_CACHE_DTYPES, split_kv
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.extras import require_plotting
 from specdec.fileio import atomic_write_text
@@ -77,19 +77,17 @@ def _weights(name: str, precision: str, device: torch.device) -> tuple[LlamaConf
 
 
 def _options(precision: str) -> tuple[str, str | None, str]:
-    """'int4-a8', 'int4-a8:q4_1' (requantized at pack time, as drafts may be), 'int4-a8:kv=float32' (a
-    K/V cache format other than auto's), or both -> (mode, requant or None, kv_cache_dtype choice)."""
-    mode, *opts = precision.split(":")
-    requant = [o for o in opts if not o.startswith("kv=")]
-    kv = [o.removeprefix("kv=") for o in opts if o.startswith("kv=")]
-    return mode, (requant or [None])[0], (kv or ["auto"])[0]
+    """'int4-a8', 'int4-a8:q4_1' (requantized at pack time, as drafts may be), either with ':kv=float32'
+    or ':kv=float16' last (a K/V cache format other than auto's) -> (mode, requant or None, kv choice)."""
+    rest, kv = split_kv(precision)
+    mode, _, requant = rest.partition(":")
+    return mode, requant or None, kv
 
 
 def _int_mode(precision: str) -> bool:
     """An integer CPU mode, possibly requantized or with its K/V cache format set."""
     mode, requant, kv = _options(precision)
-    return (mode in INT_MODES and (requant is None or requant in REQUANT) and kv in KV_CACHE_DTYPES
-            and len(precision.split(":")) <= 3)
+    return mode in INT_MODES and (requant is None or requant in REQUANT) and kv in KV_CACHE_DTYPES
 
 
 def _kernel_available() -> bool:
@@ -146,7 +144,7 @@ class EngineRows:
         self.device, self.context = device, context
         self.runner = ModelRunner(LlamaModel(cfg, weights, context + max(rows) + 1, device), blocks, block_size,
                                   device, kv_dtype=kv_dtype)
-        self.work = work_per_step(cfg, weights, context, self.runner.kv_caches[0][0].element_size())
+        self.work = work_per_step(cfg, weights, context, self.runner.kv_dtype.itemsize)
         self.table = list(range(blocks))
         self.tokens = _tokens(cfg.vocab_size, context + max(rows))
         step = 256  # the context in prefill chunks, as the scheduler would

@@ -18,6 +18,7 @@ from specdec.config.model import (
     SchedulerConfig,
     StructuredConfig,
     specdec_home,
+    split_kv,
 )
 from specdec.config.server import CACHE_SCOPES, LOG_LEVELS, AutoscalingConfig, ServerConfig, ServingConfig
 from specdec.config.speculative import (
@@ -35,8 +36,8 @@ from specdec.config.speculative import (
 from specdec.config.yaml_file import load_yaml_config
 
 __all__ = [
-    "AUTO_CPU_PRECISION", "AUTO_DRAFT_PRECISION", "CACHE_SCOPES", "DEFAULT_K", "DEFAULT_TARGET", "DRAFT_REQUANTIZE", "FLAT_SPEC_KEYS",
-    "KV_CACHE_DTYPES", "LOG_LEVELS",
+    "AUTO_CPU_PRECISION", "AUTO_DRAFT_PRECISION", "CACHE_SCOPES", "DEFAULT_K", "DEFAULT_TARGET", "DRAFT_REQUANTIZE",
+    "FLAT_SPEC_KEYS", "KV_CACHE_DTYPES", "LOG_LEVELS",
     "PRECISIONS", "PRECISION_CHOICES", "SPEC_POLICIES", "AutoscalingConfig", "CacheConfig", "ControllerConfig",
     "DraftConfig", "EngineConfig", "ModelConfig", "NgramConfig", "RouterConfig", "SchedulerConfig", "ServerConfig",
     "ServingConfig", "SpeculativeConfig", "StructuredConfig", "SuffixConfig", "load_yaml_config", "specdec_home",

@@ -47,6 +47,13 @@ class ModelConfig:
 KV_CACHE_DTYPES = ("auto", "float32", "float16")
 
 
+def split_kv(setting: str) -> tuple[str, str]:
+    """A benchmarked setting with its K/V cache format last: 'int4-a8:kv=float16' -> ('int4-a8', 'float16');
+    without one, (setting, 'auto'). The format is checked where it is used (CacheConfig)."""
+    rest, found, kv = setting.partition(":kv=")
+    return rest, kv if found else "auto"
+
+
 @dataclass
 class CacheConfig:
     block_size: int = 16

@@ -79,7 +79,7 @@ inline void dot4(const float* a, const float* const* b, int64_t n, float* out) {
     for (int j = 0; j < 4; ++j) out[j] = hsum(_mm256_add_ps(s0[j], s1[j]));
 }
 
-// acc[0 .. 8W) += sum over t in [t0, t1), in order, of p[t] * v_t[0 .. 8W), v_t = v + slots[t] * stride;
+// acc[0 .. 8W) += sum over t in [t0, t1), in order, of p[t] * v_t[0 .. 8W), v_t = v.row(t) + i0 (KvRows);
 // the accumulators stay in registers over the block.
 template <int W, class Rows>
 inline void pv_block(const float* p, const Rows& v, int64_t i0, int64_t t0, int64_t t1, float* acc) {
