@@ -27,7 +27,7 @@ from specdec.metrics import DraftStatus, EngineCounters, EngineStats, PoolStats
 from specdec.models.llama import LlamaModel
 from specdec.models.loader import LoadedModel, load_model
 from specdec.output_processor import OutputProcessor
-from specdec.precision import resolve_precision
+from specdec.precision import resolve_kv_cache, resolve_precision
 from specdec.request import (
     Request,
     RequestOutput,
@@ -62,6 +62,11 @@ class LLMEngine:
         config, why = resolve_precision(config, loaded)
         if progress and why != "set":
             print(f"precision: {config.model.precision} ({why})", file=sys.stderr)
+        kv = resolve_kv_cache(config)
+        if kv is not None:
+            config, why = kv
+            if progress:
+                print(f"K/V cache: {config.cache.kv_cache_dtype} ({why})", file=sys.stderr)
         self.config = config
         self.verifier = Verifier(rejection_sampler)
         mc, cc = config.model, config.cache

@@ -37,3 +37,18 @@ def resolve_precision(config: EngineConfig, loaded: LoadedModel | None = None) -
             and not is_self_draft(spec.draft_model)):
         config = replace(config, speculative=replace(spec, draft=replace(spec.draft, precision=AUTO_DRAFT_PRECISION)))
     return config, why
+
+
+def resolve_kv_cache(config: EngineConfig) -> tuple[EngineConfig, str] | None:
+    """`kv_cache_dtype: auto` -> the smallest K/V format measured as close to float32 as llama.cpp in the
+    model's (concrete) precision mode (quant/criterion.py), and why; None where auto keeps the model's
+    dtype: no such measurement, or not a GGUF model on a CPU where the kernel builds."""
+    mc = config.model
+    if (config.cache.kv_cache_dtype != "auto" or not mc.device.startswith("cpu") or not is_gguf(mc.model)
+            or not kernel.available()):
+        return None
+    choice = criterion.auto_kv_choice(gguf_identity(mc.model), mc.precision)
+    if choice is None:
+        return None
+    fmt, why = choice
+    return replace(config, cache=replace(config.cache, kv_cache_dtype=fmt)), why

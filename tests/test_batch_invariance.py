@@ -12,7 +12,7 @@ from conftest import cpu_precision, on_device
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.models.llama import LlamaModel, apply_rope, rms_norm, rope_tables
 from specdec.models.loader import load_model
-from specdec.quant import kernel
+from specdec.quant import kernel, kv_format
 from specdec.quant.attention import AttentionMetadata, SeqAttention, paged_attention
 from specdec.quant.layers import ROW_ALIGN, linear, pad_rows, row_align
 from specdec.quant.options import KernelOptions
@@ -112,17 +112,19 @@ def test_layer_kernels_agree_with_pytorch():
     slots = torch.randperm(200, generator=g)[:n]
     outs = []
     for use in (True, False):
-        outs.append(_attention(q, k, v, (torch.zeros(200, kv_heads, d), torch.zeros(200, kv_heads, d)),
+        outs.append(_attention(q, k, v, (torch.zeros(kv_heads, 200, d), torch.zeros(kv_heads, 200, d)),
                                [(list(range(n)), 0, slots)], kv_heads, KernelOptions(layer_ops=use)))
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
-    # a float16 cache is read as its exact widening: the same bits as float32 caches holding those values
+    # float16 and int8 caches are read as their values (kv_format.decode): the same bits as float32 caches
+    # holding those values
     ctx = kernel_contexts(n, slots)
-    half = tuple((torch.randn(200, kv_heads, d, generator=g) * 3).half() for _ in range(2))
-    got16, got32 = (torch.empty(n, heads * d) for _ in range(2))
-    kernel.attention(q, *half, *ctx, d ** -0.5, got16)
-    kernel.attention(q, *(c.float() for c in half), *ctx, d ** -0.5, got32)
-    assert torch.equal(got16, got32)
+    for dtype in (torch.float16, torch.int8):
+        held = tuple(kv_format.encode(torch.randn(kv_heads, 200, d, generator=g) * 3, dtype) for _ in range(2))
+        got, want = (torch.empty(n, heads * d) for _ in range(2))
+        kernel.attention(q, *held, *ctx, d ** -0.5, got)
+        kernel.attention(q, *(kv_format.decode(c, torch.float32) for c in held), *ctx, d ** -0.5, want)
+        assert torch.equal(got, want)
 
 
 def kernel_contexts(n: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -143,9 +145,10 @@ def _attention(q, k, v, caches, seqs_spec, num_kv_heads, options=KernelOptions()
     return paged_attention(q[sel], k[sel], v[sel], caches, meta, options)[: len(rows)]
 
 
-@pytest.mark.parametrize("dtype,kernels,kv_dtype", [(torch.float32, True, None), (torch.float32, False, None),
-                                                    (torch.bfloat16, False, None), (torch.float32, True, torch.float16),
-                                                    (torch.float32, False, torch.float16)])
+@pytest.mark.parametrize("dtype,kernels,kv_dtype", [
+    (torch.float32, True, None), (torch.float32, False, None), (torch.bfloat16, False, None),
+    (torch.float32, True, torch.float16), (torch.float32, False, torch.float16), (torch.float32, True, torch.int8),
+    (torch.float32, False, torch.int8)])
 def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels, kv_dtype):
     dev = on_device()
     if kernels and dev != "cpu":
@@ -159,7 +162,9 @@ def test_attention_same_for_prefill_chunks_decode_and_batch(dtype, kernels, kv_d
     slots = torch.randperm(256, generator=g)[:length].to(dev)  # scattered, like real block tables
 
     def fresh():
-        return tuple(torch.zeros(256 + 64, kv_heads, d, dtype=kv_dtype or dtype, device=dev) for _ in range(2))
+        cache = kv_dtype or dtype
+        return tuple(torch.zeros(kv_heads, 256 + 64, kv_format.row_width(cache, d), dtype=cache, device=dev)
+                     for _ in range(2))
 
     full = _attention(q, k, v, fresh(), [(list(range(length)), 0, slots)], kv_heads, options)
     # chunked prefill at ragged splits
@@ -223,11 +228,11 @@ def test_model_logits_bitwise_across_batching(arch, precision, request):
     ("tiny_qwen", "float32", (), None), ("tiny_qwen", "int4", (), None), ("tiny_llama", "int4", (), None),
     ("tiny_kquant", "int4", (), None), ("tiny_kquant", "int4-a8", (), None), ("tiny_kquant", "int4-a16", (), None),
     ("tiny_qwen", "int4-a8", (), None), ("tiny_qwen", "int4", (1,), None), ("tiny_qwen", "int4-a8", (), torch.float16),
-    ("tiny_qwen", "float32", (), torch.float16)])
+    ("tiny_qwen", "float32", (), torch.float16), ("tiny_qwen", "int4-a8", (), torch.int8)])
 def test_fused_decoder_matches_the_python_loop(arch, precision, skip, kv, request):
     """The layer loop in one C++ call (quant/decoder.py) gives bitwise the Python loop's logits and
     K/V, over prefill chunks and decode steps batched with another request (and with layers skipped,
-    as self-speculation does), with float32 or float16 K/V caches (the C++ rounding is torch's)."""
+    as self-speculation does), with float32, float16 or int8 K/V caches (the C++ rounding is kv_format's)."""
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
     loaded = load_model(str(request.getfixturevalue(arch)), precision, progress=False)

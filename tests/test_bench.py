@@ -145,25 +145,56 @@ def test_steps_bench_states_integer_modes_against_the_machines_peaks(tmp_path, m
     every forward gets its bound (the larger of the weights' read time and its multiply-adds' time)."""
     from specdec.bench import steps
     from specdec.models.loader import load_model
-    from specdec.quant import kernel
+    from specdec.quant import kernel, kv_format
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
     name = str(tiny_qwen)
     monkeypatch.setattr(steps, "SHAPES", {name: load_model(name, "float32", progress=False).config})
     out = tmp_path / "steps.json"
-    assert main(["bench", "steps", "--shapes", name, "--precisions", "int4-a8,int4-a8:kv=float16", "--rows", "1,2,9",
+    assert main(["bench", "steps", "--shapes", name, "--precisions", "int4-a8,int4-a8:kv=float16,int4-a8:kv=int8",
+                 "--rows", "1,2,9",
                  "--context", "16", "--repeats", "1", "--out", str(out), "--plot", ""]) == 0
     report = json.loads(out.read_text())
     peaks = report["peaks"]
     assert peaks["read_gb_s"] > 0 and peaks["int8_macs_per_s"] > 0 and peaks["isa"] in ("avx2", "avx512-vnni")
     work, work16 = report["work_per_step"][f"{name} int4-a8"], report["work_per_step"][f"{name} int4-a8:kv=float16"]
     assert work["bytes"] > 0 and work["macs_per_row"] > 0
-    assert work["kv_bytes"] == 2 * work16["kv_bytes"] > 0     # auto: float32 K/V under the int4 modes
+    work8 = report["work_per_step"][f"{name} int4-a8:kv=int8"]
+    d = load_model(name, "float32", progress=False).config.head_dim
+    assert work["kv_bytes"] == 2 * work16["kv_bytes"] > 0     # auto: float32 K/V (no measurement of this model)
+    width = kv_format.row_width(torch.int8, d)                                  # codes and their scales
+    assert work8["kv_bytes"] == pytest.approx(work["kv_bytes"] * width / (4 * d), abs=1)
     for r in report["results"]:
-        w = work16 if r["precision"].endswith("kv=float16") else work
+        w = {"kv=float16": work16, "kv=int8": work8}.get(r["precision"].rpartition(":")[2], work)
         assert r["bound_ms"] == pytest.approx(steps.bound_ms(w, r["rows"], peaks)) and r["x_bound"] > 0
         assert (r["r"] is None) == (r["rows"] == 1)
     assert main(["bench", "steps", "--precisions", "int4-a8:kv=fp8", "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_attention_bench_states_each_format_against_the_read_bandwidth(tmp_path, monkeypatch):
+    from specdec.bench import attention
+    from specdec.bench.attention import FORMATS
+    from specdec.models.llama import LlamaConfig
+    from specdec.quant import kernel, kv_format
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    monkeypatch.setattr(attention, "SHAPES", {"tiny": LlamaConfig("qwen2", 300, 64, 128, 2, 4, 2, 16, 1e4, 1e-6,
+                                                                  512, True, False)})
+    out = tmp_path / "attention.json"
+    assert attention.main(["--shape", "tiny", "--contexts", "32,64", "--rows", "1,3", "--repeats", "1",
+                           "--out", str(out), "--plot", ""]) == 0
+    report = json.loads(out.read_text())
+    cells = {(r["context"], r["kv"], r["rows"]): r for r in report["results"]}
+    assert set(cells) == {(c, f, n) for c in (32, 64) for f in ("float32", "float16", "int8") for n in (1, 3)}
+    peak = report["read_gb_s"]["used"]
+    for (context, fmt, n), r in cells.items():
+        width = kv_format.row_width(FORMATS[fmt], 16) * FORMATS[fmt].itemsize  # bytes of one KV head's row
+        assert r["bytes"] == 2 * 2 * 2 * context * width                      # K and V, 2 layers, 2 KV heads
+        assert r["gb_s"] == pytest.approx(r["bytes"] / (r["ms"] / 1e3) / 1e9, rel=1e-6)
+        assert r["of_read_bandwidth"] == pytest.approx(r["gb_s"] / peak) and r["ms_min"] <= r["ms"] <= r["ms_max"]
+        assert (r["vs_one_row"] == 1.0) == (n == 1)
+    with pytest.raises(SystemExit):
+        attention.main(["--kv", "fp8"])
 
 
 def test_a_steps_bound_is_the_larger_of_memory_and_compute():

@@ -205,14 +205,14 @@ def test_parallel_samples_share_the_prompt_and_equal_separate_requests(tiny_qwen
 
 @pytest.mark.parametrize("precision", ["float32", "int4-a8"])
 def test_kv_cache_dtype(tiny_qwen, precision):
-    """auto holds K/V in the model's dtype; a set format is used as given, recorded in every output's
-    stats, and speculation stays exact under it."""
+    """auto holds K/V in the model's dtype where the model has no measurement; a set format is used as
+    given, recorded in every output's stats, and speculation stays exact under it."""
     from conftest import cpu_precision
     from specdec.config import CacheConfig, SpeculativeConfig
     cpu_precision(precision)
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     prompt = [5, 17, 99, 3, 250, 41]
-    for choice, want in (("auto", "float32"), ("float32", "float32"), ("float16", "float16")):
+    for choice, want in (("auto", "float32"), ("float32", "float32"), ("float16", "float16"), ("int8", "int8")):
         config = engine_config(str(tiny_qwen), precision=precision, kv_cache_dtype=choice)
         plain = LLM(config=config).generate([prompt], params)[0]
         spec = LLM(config=replace(config, speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=3,

@@ -7,14 +7,15 @@ import json
 import math
 import sys
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
 
 from specdec.bench import kld, llama_cpp_peer
 from specdec.cli import main
-from specdec.config import EngineConfig, ModelConfig, SpeculativeConfig
-from specdec.precision import resolve_precision
+from specdec.config import CacheConfig, EngineConfig, ModelConfig, SpeculativeConfig
+from specdec.precision import resolve_kv_cache, resolve_precision
 from specdec.models.tokenizer import Tokenizer
 from specdec.quant import criterion, kernel
 from specdec.quant.criterion import Measurement, ModeScore
@@ -119,6 +120,31 @@ def test_auto_reads_the_saved_verdict_of_that_file_only(tiny_kquant, tmp_path, m
     m.file_bytes += 1                                                   # another file with the same name
     path.write_text(m.to_json())
     assert resolve_precision(cfg)[0].model.precision == "int4-a16"
+
+
+def test_auto_holds_kv_in_the_smallest_format_measured_close_enough(tiny_kquant, tmp_path, monkeypatch):
+    """kv_cache_dtype auto: the smallest format scored under the running mode ('MODE:kv=FORMAT') that
+    meets the criterion; the model's dtype where none does or none was scored; a set format is kept."""
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    cfg = EngineConfig(model=ModelConfig(model=str(tiny_kquant), precision="int4-a8"))
+    assert resolve_kv_cache(cfg) is None                                # no measurement
+    path = criterion.saved_path(tiny_kquant.stem)
+    path.parent.mkdir(parents=True)
+
+    def save(**modes):
+        m = _measurement(**{"int4-a8": (0.009, 0.96, 30.0), **modes})
+        m.file_bytes = tiny_kquant.stat().st_size
+        path.write_text(m.to_json())
+
+    save(**{"int4-a8:kv=float16": (0.0095, 0.959, None), "int4-a8:kv=int8": (0.012, 0.95, None)})
+    chosen, why = resolve_kv_cache(cfg)
+    assert chosen.cache.kv_cache_dtype == "float16" and "llama.cpp" in why   # int8: KLD 20 % above the anchor
+    save(**{"int4-a8:kv=float16": (0.0095, 0.959, None), "int4-a8:kv=int8": (0.0099, 0.959, None)})
+    assert resolve_kv_cache(cfg)[0].cache.kv_cache_dtype == "int8"
+    assert resolve_kv_cache(replace(cfg, model=replace(cfg.model, precision="int4-a16"))) is None  # not scored
+    assert resolve_kv_cache(replace(cfg, cache=CacheConfig(kv_cache_dtype="float32"))) is None
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from gguf.quants import dequantize
 from conftest import engine_config
 from specdec.config import SpeculativeConfig
 from specdec.llm import LLM
-from specdec.quant import kernel, packed
+from specdec.quant import kernel, kv_format, packed
 from specdec.quant.gguf_blocks import PACKABLE, decode
 from specdec.quant.packed import QuantLinear, QuantTensor
 from specdec.sampling_params import SamplingParams
@@ -254,6 +254,29 @@ def test_the_ctypes_table_follows_the_header():
         restype, args = kernel.SIGNATURES[name]
         assert restype is {"int": ctypes.c_int, "double": ctypes.c_double, "void": None}[result], name
         assert [_c_type(p, structs) for p in params.split(",")] == args, name
+    formats = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8}
+    defined = {formats[n]: int(v) for n, v in re.findall(r"#define KV_FORMAT_(\w+) (\d+)", text)}
+    assert defined == kv_format.CODES
+
+
+def test_int8_kv_rows_hold_codes_and_their_scales():
+    """An int8 K/V row is its codes, round-half-even(x / scale) with scale = max|x| / 127 per group of 32
+    values (16 or 8 for other head sizes), then the scales' bytes; reading it back is within half a step
+    of every value, and an all-zero group stays zero."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 2, 64, generator=g) * torch.tensor([0.01, 1.0, 30.0, 1e-4, 2.0]).view(5, 1, 1)
+    x[1, 0, 3] = 500.0   # an outlier channel moves only its own group's scale
+    x[3, 1, 32:] = 0
+    rows = kv_format.encode(x, torch.int8)
+    assert rows.shape == (5, 2, kv_format.row_width(torch.int8, 64)) == (5, 2, 72) and rows.dtype == torch.int8
+    scale = x.view(5, 2, 2, 32).abs().amax(-1) / 127
+    assert torch.equal(rows[..., 64:].contiguous().view(torch.float32), scale)
+    assert rows[..., :64].abs().max() == 127 and not rows[3, 1, 32:64].any()
+    back = kv_format.decode(rows, torch.float32)
+    assert ((back - x).view(5, 2, 2, 32).abs() <= (scale / 2 * (1 + 1e-6)).unsqueeze(-1)).all()
+    assert (back[1, 0, 32:] - x[1, 0, 32:]).abs().max() < 0.05
+    assert [kv_format.row_width(torch.int8, d) for d in (128, 48, 8)] == [144, 48 + 12, 12]
+    assert torch.equal(kv_format.decode(kv_format.encode(x, torch.float16), torch.float32), x.half().float())
 
 
 @pytest.mark.parametrize("target", ["tiny_qwen", "tiny_kquant"])
@@ -273,7 +296,7 @@ def test_int4_model_logits_close_to_float32(target, request):
                                 for sub in w.subs)
         model = LlamaModel(loaded.config, loaded.weights, 64, torch.device("cpu"))
         cfg, n = loaded.config, model.row_align * -(-len(ids) // model.row_align)
-        caches = [(torch.zeros(64, cfg.num_kv_heads, cfg.head_dim), torch.zeros(64, cfg.num_kv_heads, cfg.head_dim))
+        caches = [(torch.zeros(cfg.num_kv_heads, 64, cfg.head_dim), torch.zeros(cfg.num_kv_heads, 64, cfg.head_dim))
                   for _ in range(cfg.num_layers)]
         pad = n - len(ids)
         meta = AttentionMetadata(torch.arange(len(ids)), [SeqAttention(0, len(ids), 0, torch.arange(len(ids)))], n)

@@ -6,11 +6,12 @@
 
 in README.md and the docs/ files named in DOCS: VIEW says how to draw the table
 (`spec`, `spec-wide`, `precision`, `serve`, `soak`, `structured`, `replicas`, `affinity`, `steps`,
-`row-invariance`, `kld`, `matmul`, `peers`, `tool-speed`, `coupling`; `history` and `index` take
-no STEM), STEM names the results file (`docs/results/STEM.json`). Each table opens with a caption
-giving the run's date and machine (from SOURCES below) and the command that reproduces the run,
-rebuilt from the configuration its JSON records. Files are written atomically (a temporary file in
-the same folder, then os.replace) and only when their text changes, so a second run changes nothing.
+`row-invariance`, `kld`, `matmul`, `peers`, `tool-speed`, `coupling`, `overhead`, `attention`;
+`history` and `index` take no STEM), STEM names the results file (`docs/results/STEM.json`). Each
+table opens with a caption giving the run's date and machine (from SOURCES below) and the command
+that reproduces the run, rebuilt from the configuration its JSON records. Files are written
+atomically (a temporary file in the same folder, then os.replace) and only when their text changes,
+so a second run changes nothing.
 `--check` writes nothing and exits 1 when any file is out of date.
 
 A developer tool, not part of the installed package: it rewrites the checkout it sits in (the
@@ -141,6 +142,18 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                                           "checked"),
     "bench-step-overhead-zen3": ("2026-12-05", "zen3", "one greedy request, plain and with the draft model at "
                                  "k = 4: each part of a step by its self time, the forwards apart"),
+    "kld-kv-zen3": ("2026-12-05", "zen3", "int4-a8 with float32 and float16 K/V caches against float32, "
+                    "head-major caches (llama.cpp's figures: kld-zen4, the same tokens)"),
+    "kld-kv8-zen3": ("2026-12-05", "zen3", "int4-a8 with an int8 K/V cache (a scale per 32 values) against "
+                     "float32"),
+    "bench-attention-zen3": ("2026-12-05", "zen3", "the attention kernel over every layer's cache of the 1.5B, "
+                             "by context and K/V format, against the read bandwidth"),
+    "bench-steps-kv3-4k-zen3": ("2026-12-05", "zen3", "one row and five after 4,096 tokens of context in each K/V "
+                                "format, beside llama.cpp (float16 K/V)"),
+    "bench-steps-kv3-8k-zen3": ("2026-12-05", "zen3", "one row and five after 8,192 tokens of context in each K/V "
+                                "format, beside llama.cpp (float16 K/V)"),
+    "bench-steps-prompt-zen3": ("2026-12-05", "zen3", "prompts of 256 and 512 rows beside llama.cpp, against the "
+                                "int8 multiply-add peak"),
     "kld-kv16-zen3": ("2026-12-05", "zen3", "int4-a8 with a float32 and a float16 K/V cache against float32 "
                       "(llama.cpp's figures: kld-zen4, the same tokens)"),
     "bench-steps-prices-zen3": ("2026-12-05", "zen3", "the three prices: the draft's and the target's forwards by "
@@ -315,8 +328,16 @@ def matmul_command(data: dict) -> str:
             f"--context {data['rows'] + data['first'] + 1} --first {data['first']}")
 
 
+def attention_command(data: dict) -> str:
+    return (f"python -m specdec.bench.attention --shape {data['shape']} --contexts "
+            f"{','.join(map(str, data['contexts']))} --kv {','.join(data['kv'])} --rows "
+            f"{','.join(map(str, data['rows']))} --repeats {data['repeats']}")
+
+
 def command(data: dict) -> str:
     """The command line that reproduces the run, rebuilt from the configuration its JSON records."""
+    if data.get("mode") == "attention":
+        return attention_command(data)
     if data.get("mode") == "kld":
         return kld_command(data)
     if data.get("mode") == "matmul":
@@ -673,6 +694,19 @@ def view_overhead(data: dict) -> str:
     return head + "\n\n" + parts
 
 
+def view_attention(data: dict) -> str:
+    """Per context, K/V format and rows: the kernel's time over every layer's cache against the bytes'
+    read time at the measured bandwidth."""
+    rows = [[f"{r['context']:,}", r["kv"], str(r["rows"]),
+             f"{num(r['ms'], 2)} [{num(r['ms_min'], 2)}–{num(r['ms_max'], 2)}]", num(r["bound_ms"], 2),
+             num(r["gb_s"], 1), f"{100 * r['of_read_bandwidth']:.0f} %",
+             "—" if r["rows"] == data["rows"][0] else f"{r['vs_one_row']:.2f}×"] for r in data["results"]]
+    note = (f"\n\nRead bandwidth {data['read_gb_s']['used']:.1f} GB/s (measured in the run), {data['threads']} "
+            "threads; the bound is the context's keys and values read once.")
+    return table(["context", "K/V", "rows", "ms, median [min–max]", "bytes' read time, ms", "GB/s",
+                  "of read bandwidth", "vs one row"], rows, right_from=3) + note
+
+
 def view_row_invariance(data: dict) -> str:
     """Per layer: the row counts at which F.linear changed row 0's bits, against specdec's linear."""
     header = ["dtype, layer (out × in)", "F.linear: rows differing from 512", "specdec linear",
@@ -757,7 +791,8 @@ TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view
                "serve": view_serve, "soak": view_soak, "structured": view_structured, "steps": view_steps,
                "replicas": view_replicas, "affinity": view_affinity, "row-invariance": view_row_invariance,
                "kld": view_kld, "matmul": view_matmul, "peers": view_peers,
-               "tool-speed": view_tool_speed, "coupling": view_coupling, "overhead": view_overhead}
+               "tool-speed": view_tool_speed, "coupling": view_coupling, "overhead": view_overhead,
+               "attention": view_attention}
 DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
 
 

@@ -300,7 +300,7 @@ def register(sub) -> None:
                                    "with llama.cpp on the same GGUF as the anchor; the verdict `precision: auto` uses")
     p.add_argument("--model", default=DEFAULT_TARGET, help="a GGUF model (registry name or path)")
     p.add_argument("--modes", default="bfloat16,int4,int4-a16,int4-a8",
-                   help="comma-separated modes to score; MODE:kv=float32|float16 sets its K/V cache format")
+                   help="comma-separated modes to score; MODE:kv=float32|float16|int8 sets its K/V cache format")
     p.add_argument("--corpus", default=str(CORPUS), help="JSON Lines of {kind, source, text}")
     p.add_argument("--ctx", type=int, default=512, help="tokens per chunk")
     p.add_argument("--first", type=int, default=None, help="the first scored row of each chunk (predicted from "

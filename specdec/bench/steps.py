@@ -31,6 +31,7 @@ from specdec.extras import require_plotting
 from specdec.fileio import atomic_write_text
 from specdec.models.gguf_packed import REQUANT
 from specdec.models.llama import LlamaConfig, LlamaModel, param_shapes
+from specdec.quant import kv_format
 from specdec.runner.model_runner import ModelRunner, kv_cache_dtype
 
 
@@ -100,7 +101,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def work_per_step(cfg: LlamaConfig, weights: dict, context: int, kv_bytes_per_value: int = 4) -> dict:
+def work_per_step(cfg: LlamaConfig, weights: dict, context: int, kv_bytes_per_value: float = 4) -> dict:
     """What one forward must do at least: bytes read (every weight as held, and the context's keys and
     values as cached, each once; `bandwidth.py`) and multiply-adds per row (every matrix but the
     embedding table, and attention's two products over the context)."""
@@ -108,7 +109,7 @@ def work_per_step(cfg: LlamaConfig, weights: dict, context: int, kv_bytes_per_va
     macs = sum(math.prod(w.shape) for name, w in weights.items()
                if name != "embed" and len(w.shape) == 2 and not name.endswith("_bias"))
     macs += 2 * context * cfg.num_heads * cfg.head_dim * cfg.num_layers
-    kv_bytes = 2 * context * cfg.num_kv_heads * cfg.head_dim * kv_bytes_per_value * cfg.num_layers
+    kv_bytes = round(2 * context * cfg.num_kv_heads * cfg.head_dim * kv_bytes_per_value * cfg.num_layers)
     return {"bytes": weight_bytes_per_token(weights, cfg.tie_embeddings) + kv_bytes, "kv_bytes": kv_bytes,
             "macs_per_row": macs}
 
@@ -144,7 +145,9 @@ class EngineRows:
         self.device, self.context = device, context
         self.runner = ModelRunner(LlamaModel(cfg, weights, context + max(rows) + 1, device), blocks, block_size,
                                   device, kv_dtype=kv_dtype)
-        self.work = work_per_step(cfg, weights, context, self.runner.kv_dtype.itemsize)
+        kv = self.runner.kv_dtype
+        per_value = kv_format.row_width(kv, cfg.head_dim) * kv.itemsize / cfg.head_dim  # an int8 row holds its scale
+        self.work = work_per_step(cfg, weights, context, per_value)
         self.table = list(range(blocks))
         self.tokens = _tokens(cfg.vocab_size, context + max(rows))
         step = 256  # the context in prefill chunks, as the scheduler would
@@ -197,7 +200,11 @@ def _setting(name: str, precision: str, device: torch.device, rows: list[int], c
     if precision == PEER:
         return LlamaCppRows(name, rows, context)
     cfg, weights = _weights(name, precision, device)
-    kv = _options(precision)[2]
+    mode, _, kv = _options(precision)
+    if kv == "auto" and _int_mode(precision):  # as the engine resolves it: the format measured for the mode
+        from specdec.models.loader import gguf_identity
+        from specdec.quant.criterion import auto_kv_choice
+        kv = (auto_kv_choice(gguf_identity(name), mode) or ("auto",))[0]
     return EngineRows(cfg, weights, device, rows, context, kv_cache_dtype(kv))
 
 
@@ -311,7 +318,7 @@ def run_steps_bench(a) -> dict:
     rows = [int(n) for n in a.rows.split(",")]
     if bad or a.context < 1 or a.repeats < 1 or min(rows) < 1:
         raise ValueError(f"steps: precisions from {', '.join((*DTYPES, *INT_MODES, PEER))} (an int4 mode may add "
-                         f":{'|'.join(REQUANT)}, requantized as a draft may be, and :kv=float32|float16), "
+                         f":{'|'.join(REQUANT)}, requantized as a draft may be, and :kv=float32|float16|int8), "
                          "--context, --repeats and --rows >= 1")
     require_plotting(a.plot, "specdec bench steps")
     return run(a.shapes.split(","), precisions, a.device, rows, a.context, a.repeats, a.out, a.plot or None)

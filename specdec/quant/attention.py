@@ -3,7 +3,7 @@
 Masked multi-query SDPA changes a row once there is more than one query row (`layers.py` has the
 whole story), so attention runs one query token at a time; its G query heads per KV head ride along
 as G query rows, so repeated K/V heads are never materialized. With float32 caches on an AVX2 CPU
-this is specdec's own kernel (`layer_ops.cpp`), which reads K/V through the slots in place; otherwise
+this is specdec's own kernel (`attention.cpp`), which reads K/V through the slots in place; otherwise
 one SDPA call per query row. `AttentionMetadata` is the seam: the runner builds it from the
 schedule (`runner/batch.py`), the model's layers read it.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from specdec.quant import kernel
+from specdec.quant import kernel, kv_format
 from specdec.quant.options import KernelOptions, layer_kernels
 
 
@@ -53,15 +53,16 @@ class AttentionMetadata:
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
                     meta: AttentionMetadata, options: KernelOptions = KernelOptions()) -> torch.Tensor:
     """q: [num_rows, num_heads, head_dim]; k, v: [num_rows, num_kv_heads, head_dim];
-    cache: (k_cache, v_cache), each [num_slots, num_kv_heads, head_dim].
+    cache: (k_cache, v_cache), each [num_kv_heads, num_slots, row width] (head-major, as the kernel reads
+    it; rows in one of kv_format's formats).
     Writes the new K/V into their slots, then attends causally. Returns [num_rows, num_heads * head_dim]
     (padding rows are zero)."""
     k_cache, v_cache = cache
     num_real = meta.slot_mapping.shape[0]
-    k_cache.index_copy_(0, meta.slot_mapping, k[:num_real].to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, v[:num_real].to(v_cache.dtype))
+    k_cache.index_copy_(1, meta.slot_mapping, kv_format.encode(k[:num_real].transpose(0, 1), k_cache.dtype))
+    v_cache.index_copy_(1, meta.slot_mapping, kv_format.encode(v[:num_real].transpose(0, 1), v_cache.dtype))
     num_heads, head_dim = q.shape[1], q.shape[2]
-    if (layer_kernels(q.dtype, q.device, options) and k_cache.dtype in kernel.KV_DTYPES and head_dim % 8 == 0
+    if (layer_kernels(q.dtype, q.device, options) and k_cache.dtype in kv_format.DTYPES and head_dim % 8 == 0
             and q.stride(1) == head_dim and q.stride(2) == 1 and q.shape[0] == meta.num_rows):
         out = torch.empty(q.shape[0], num_heads * head_dim, dtype=q.dtype)
         kernel.attention(q, k_cache, v_cache, *meta.row_contexts(), head_dim ** -0.5, out)
@@ -70,13 +71,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tu
     group = num_heads // num_kv_heads
     out = torch.zeros(q.shape[0], num_heads * head_dim, dtype=q.dtype, device=q.device)
     for seq in meta.seqs:
-        # [context, num_kv_heads, head_dim]: a prefix of it is exactly one token's context
-        keys = k_cache.index_select(0, seq.context_slots).to(q.dtype)   # a 16-bit cache widened exactly
-        values = v_cache.index_select(0, seq.context_slots).to(q.dtype)
+        # [num_kv_heads, context, head_dim]: a prefix of it is exactly one token's context
+        keys = kv_format.decode(k_cache.index_select(1, seq.context_slots), q.dtype)
+        values = kv_format.decode(v_cache.index_select(1, seq.context_slots), q.dtype)
         for i in range(seq.num_new):
             row = seq.row_start + i
             ctx = seq.start_position + i + 1
             query = q[row].view(num_kv_heads, group, head_dim)
-            o = F.scaled_dot_product_attention(query, keys[:ctx].transpose(0, 1), values[:ctx].transpose(0, 1))
+            o = F.scaled_dot_product_attention(query, keys[:, :ctx], values[:, :ctx])
             out[row] = o.reshape(-1)
     return out

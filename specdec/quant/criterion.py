@@ -19,6 +19,7 @@ from specdec.config import specdec_home
 KLD_MARGIN = 1.05      # mode's mean KLD <= 1.05 x the anchor's
 TOP1_MARGIN = 0.002    # mode's same-top-1 rate >= the anchor's - 0.2 points
 SHIPPED = Path(__file__).with_name("measured")
+KV_FORMATS = ("int8", "float16")  # smallest first: the K/V formats `auto` may hold a cache in (kv_format.py)
 
 
 @dataclass
@@ -40,6 +41,11 @@ class Measurement:
     def meets(self, mode: str) -> bool:
         s = self.modes[mode]
         return s.mean_kld <= self.anchor.mean_kld * KLD_MARGIN and s.same_top1 >= self.anchor.same_top1 - TOP1_MARGIN
+
+    def kv_choice(self, mode: str) -> str | None:
+        """The smallest K/V cache format measured under `mode` (scored as 'MODE:kv=FORMAT') that meets the
+        criterion; None: the model's own dtype."""
+        return next((f for f in KV_FORMATS if f"{mode}:kv={f}" in self.modes and self.meets(f"{mode}:kv={f}")), None)
 
     def choose(self, candidates: tuple[str, ...]) -> str | None:
         """The fastest of `candidates` that meets the criterion (None if none was measured or meets it)."""
@@ -73,6 +79,19 @@ def measurement_for(stem: str, file_bytes: int) -> Measurement | None:
 
 
 CPU_MODES = ("int4-a8", "int4-a16", "int4", "bfloat16", "float32")  # what `auto` may pick where the kernel builds
+
+
+def auto_kv_choice(identity: tuple[str, int] | None, mode: str) -> tuple[str, str] | None:
+    """(K/V format, why) for a model running in `mode`, from its measurement; None: none meets the criterion
+    or none was measured (the cache keeps the model's dtype)."""
+    m = measurement_for(*identity) if identity else None
+    fmt = m.kv_choice(mode) if m else None
+    if fmt is None:
+        return None
+    s, a = m.modes[f"{mode}:kv={fmt}"], m.anchor
+    return fmt, (f"the smallest K/V format no further from float32 than llama.cpp (float16 K/V) under {mode}: "
+                 f"mean KLD {s.mean_kld:.4f} vs {a.mean_kld:.4f}, same top-1 {100 * s.same_top1:.1f} % vs "
+                 f"{100 * a.same_top1:.1f} %")
 
 
 def auto_choice(identity: tuple[str, int] | None) -> tuple[str, str] | None:

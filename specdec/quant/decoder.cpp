@@ -4,7 +4,10 @@
 // overhead cost more than attention's arithmetic. Every step calls the same kernels as the Python loop
 // (`llama.py`), in the same order, on the same rows: the results are bitwise the same.
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
+
+#include <algorithm>
 
 #include <vector>
 
@@ -47,14 +50,36 @@ int linear(const Linear& l, const float* x, int64_t rows, int64_t k, float* y, i
 
 // n values of one row's K or V into the cache at element `at`: as they are, or rounded to float16
 // (nearest even, as torch's .half()). n a multiple of 8.
-void store_kv(void* cache, int64_t at, const float* x, int64_t n, bool f16) {
-    if (!f16) {
-        memcpy((float*)cache + at, x, n * sizeof(float));
-        return;
+// x: one token's K or V, [num_kv_heads, d], into `slot` of a [num_kv_heads, slots, row] cache, each
+// head's row in Dims.kv_format with kv_format.py's arithmetic: float16 rounded to nearest even as torch's
+// .half(); int8 codes round-half-even(x / scale), scale = max|x| / 127 per group of kv_group(d)
+// values, then the scales' bytes.
+void store_kv(void* cache, int64_t slot, const float* x, const Dims& D) {
+    const int64_t d = D.head_dim;
+    for (int64_t h = 0; h < D.num_kv_heads; ++h) {
+        const float* src = x + h * d;
+        if (D.kv_format == KV_FORMAT_F32) {
+            memcpy((float*)cache + (h * D.kv_slots + slot) * d, src, d * sizeof(float));
+        } else if (D.kv_format == KV_FORMAT_F16) {
+            uint16_t* out = (uint16_t*)cache + (h * D.kv_slots + slot) * d;
+            for (int64_t i = 0; i < d; i += 8)
+                _mm_storeu_si128((__m128i*)(out + i),
+                                 _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+        } else {
+            const int64_t group = kv_group(d);
+            int8_t* out = (int8_t*)cache + (h * D.kv_slots + slot) * kv_int8_row(d);
+            for (int64_t g = 0; g < d / group; ++g) {
+                const float* xg = src + g * group;
+                float amax = 0.f;
+                for (int64_t i = 0; i < group; ++i) amax = std::max(amax, fabsf(xg[i]));
+                const float scale = amax / 127.f;
+                for (int64_t i = 0; i < group; ++i)  // nearbyintf: the current rounding, to nearest even
+                    out[g * group + i] =
+                        scale > 0.f ? (int8_t)std::min(127.f, std::max(-127.f, nearbyintf(xg[i] / scale))) : 0;
+                memcpy(out + d + 4 * g, &scale, 4);
+            }
+        }
     }
-    uint16_t* out = (uint16_t*)cache + at;
-    for (int64_t i = 0; i < n; i += 8)
-        _mm_storeu_si128((__m128i*)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
 }
 
 }  // namespace
@@ -82,11 +107,11 @@ int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, c
         rope(qkv.data(), qkv_size, rows, D.num_heads + D.num_kv_heads, d, positions, cos, sin);
         for (int64_t r = 0; r < num_real; ++r) {
             const float* kv = qkv.data() + r * qkv_size + q_size;
-            store_kv(L.k_cache, slot_mapping[r] * kv_size, kv, kv_size, D.kv_f16);
-            store_kv(L.v_cache, slot_mapping[r] * kv_size, kv + kv_size, kv_size, D.kv_f16);
+            store_kv(L.k_cache, slot_mapping[r], kv, D);
+            store_kv(L.v_cache, slot_mapping[r], kv + kv_size, D);
         }
-        attention(qkv.data(), qkv_size, rows, D.num_heads, D.num_kv_heads, d, L.k_cache, L.v_cache, ctx_slots,
-                  ctx_start, ctx_len, D.attn_scale, attn.data(), threads, D.kv_f16);
+        attention(qkv.data(), qkv_size, rows, D.num_heads, D.num_kv_heads, d, D.kv_slots, L.k_cache, L.v_cache,
+                  ctx_slots, ctx_start, ctx_len, D.attn_scale, attn.data(), threads, D.kv_format);
         if (int rc = linear(L.o, attn.data(), rows, q_size, delta.data(), threads)) return rc;
         rms_norm(h, hd, delta.data(), hd, rows, hd, L.post_norm, D.eps, x.data(), threads);
         if (int rc = linear(L.gate_up, x.data(), rows, hd, gate_up.data(), threads)) return rc;

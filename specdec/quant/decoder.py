@@ -11,7 +11,7 @@ import ctypes
 
 import torch
 
-from specdec.quant import kernel
+from specdec.quant import kernel, kv_format
 from specdec.quant.kernel import Dims, Layer, Linear, Part
 from specdec.quant.packed import QuantLinear, QuantTensor
 
@@ -27,7 +27,7 @@ def _float32(t: torch.Tensor | None) -> bool:
 
 
 def _cache(t: torch.Tensor, dtype: torch.dtype) -> bool:
-    return t.dtype == dtype and dtype in kernel.KV_DTYPES and t.device.type == "cpu" and t.is_contiguous()
+    return t.dtype == dtype and dtype in kv_format.DTYPES and t.device.type == "cpu" and t.is_contiguous()
 
 
 class FusedDecoder:
@@ -44,8 +44,9 @@ class FusedDecoder:
             slot.input_norm, slot.post_norm = _ptr(w["input_norm"]), _ptr(w["post_norm"])
             slot.qkv = self._linear(w["qkv"], w.get("qkv_bias"))
             slot.o, slot.gate_up, slot.down = self._linear(w["o"]), self._linear(w["gate_up"]), self._linear(w["down"])
-        self.dims = Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         cfg.rms_norm_eps, cfg.head_dim ** -0.5)
+        self.dims = Dims(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, num_heads=cfg.num_heads,
+                         num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, eps=cfg.rms_norm_eps,
+                         attn_scale=cfg.head_dim ** -0.5)
         self.final_norm = final_norm
         self._caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -73,10 +74,13 @@ class FusedDecoder:
         if self._caches is not kv_caches:  # the runner's caches are allocated once
             dtype = kv_caches[0][0].dtype
             if not all(_cache(k, dtype) and _cache(v, dtype) for k, v in kv_caches):
-                raise ValueError("the fused decoder needs contiguous CPU K/V caches, all float32 or all float16")
+                raise ValueError("the fused decoder needs contiguous CPU K/V caches, all of one kv_format dtype")
             for slot, n in zip(self.layers, self.indices):
                 slot.k_cache, slot.v_cache = kv_caches[n][0].data_ptr(), kv_caches[n][1].data_ptr()
-            self.dims.kv_f16 = int(dtype == torch.float16)
+            self.dims.kv_format = kv_format.CODES[dtype]
+            self.dims.kv_slots = kv_caches[0][0].shape[1]
+            if any(c.shape != kv_caches[0][0].shape for kv in kv_caches for c in kv):
+                raise ValueError("the fused decoder needs every layer's K/V caches of one shape")
             self._caches = kv_caches
         assert h.dtype == torch.float32 and h.is_contiguous() and positions.dtype == slot_mapping.dtype == torch.int64
         out = torch.empty_like(h)

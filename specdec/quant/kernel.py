@@ -1,7 +1,7 @@
 """The AVX2 CPU kernels, one library: `qlinear.cpp` (linear layers: quantized weights, and dense float32
-weights), `layer_ops.cpp` (RMSNorm, rotary embeddings, SwiGLU's activation, paged attention) and
-`decoder.cpp` (the layer loop over them in one call; its Python side is `decoder.py`), their C ABI declared
-once in `kernels.h` and mirrored once here (the structs and `SIGNATURES`). Built with the system C++
+weights), `layer_ops.cpp` (RMSNorm, rotary embeddings, SwiGLU's activation), `attention.cpp` (paged
+attention) and `decoder.cpp` (the layer loop over them in one call; its Python side is `decoder.py`),
+their C ABI declared once in `kernels.h` and mirrored once here (the structs and `SIGNATURES`). Built with the system C++
 compiler on first use into $SPECDEC_HOME/kernels (keyed by the hash of the sources and headers, written
 under a temporary name, then renamed), loaded with ctypes. Where it cannot be built (no compiler, no
 AVX2, not x86), `available()` says why: the pure-PyTorch paths run instead (`packed.py`, `layers.py`,
@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 
 from specdec.config import specdec_home
+from specdec.quant import kv_format
 
-SOURCES = [Path(__file__).with_name(f) for f in ("qlinear.cpp", "qlinear_vnni.cpp", "layer_ops.cpp", "decoder.cpp")]
+SOURCES = [Path(__file__).with_name(f) for f in ("qlinear.cpp", "qlinear_vnni.cpp", "layer_ops.cpp", "attention.cpp",
+                                                  "decoder.cpp")]
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))  # every header: included, so hashed too
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=c++17"]
 # instruction sets a source is built for beyond AVX2; its code runs only where the CPU has them (kernel_isa)
@@ -33,7 +35,6 @@ ISAS = {0: "avx2", 1: "avx512-vnni"}  # kernels.h's KERNEL_ISA_*
 
 # ---- the C ABI of kernels.h, mirrored once (tests/test_quant.py checks it against the header) ----
 _ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-KV_DTYPES = (torch.float32, torch.float16)  # what the attention kernel reads from the K/V caches
 
 
 class Part(ctypes.Structure):
@@ -52,7 +53,7 @@ class Layer(ctypes.Structure):
 
 class Dims(ctypes.Structure):
     _fields_ = [("hidden", _i64), ("intermediate", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
-                ("head_dim", _i64), ("eps", _f32), ("attn_scale", _f32), ("kv_f16", _int)]
+                ("head_dim", _i64), ("kv_slots", _i64), ("eps", _f32), ("attn_scale", _f32), ("kv_format", _int)]
 
 
 # every extern "C" function: name -> (result type, [(argument, type)]); pointers to data are void pointers
@@ -73,9 +74,9 @@ SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
                     ("cos", _ptr), ("sin", _ptr)]),
     "silu_mul": (None, [("x", _ptr), ("rows", _i64), ("n", _i64), ("out", _ptr), ("threads", _int)]),
     "attention": (None, [("q", _ptr), ("ldq", _i64), ("rows", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
-                         ("d", _i64), ("k_cache", _ptr), ("v_cache", _ptr), ("ctx_slots", _ptr),
+                         ("d", _i64), ("kv_slots", _i64), ("k_cache", _ptr), ("v_cache", _ptr), ("ctx_slots", _ptr),
                          ("ctx_start", _ptr), ("ctx_len", _ptr), ("scale", _f32), ("out", _ptr),
-                         ("threads", _int), ("kv_f16", _int)]),
+                         ("threads", _int), ("kv_format", _int)]),
     "decoder_forward": (_int, [("layers", ctypes.POINTER(Layer)), ("num_layers", _i64),
                                ("dims", ctypes.POINTER(Dims)), ("final_norm", _ptr), ("h", _ptr), ("rows", _i64),
                                ("positions", _ptr), ("slot_mapping", _ptr), ("num_real", _i64),
@@ -252,12 +253,14 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx
               ctx_start: torch.Tensor, ctx_len: torch.Tensor, scale: float, out: torch.Tensor) -> None:
     """Causal attention of rows [0, len(ctx_len)) of q [rows, num_heads, d] (contiguous heads) over
     their own contexts: row r reads the cache slots ctx_slots[ctx_start[r]:ctx_start[r] + ctx_len[r]].
-    k_cache, v_cache: [slots, num_kv_heads, d] float32 or float16 (both the same), contiguous; out:
+    k_cache, v_cache: [num_kv_heads, slots, row width], both of one kv_format dtype, contiguous; out:
     [>= rows, num_heads * d] contiguous, its first rows written."""
-    assert q.dtype == out.dtype == torch.float32 and k_cache.dtype == v_cache.dtype in KV_DTYPES
+    assert q.dtype == out.dtype == torch.float32 and k_cache.dtype == v_cache.dtype in kv_format.DTYPES
+    assert k_cache.shape == v_cache.shape and q.shape[1] % k_cache.shape[0] == 0
+    assert k_cache.shape[2] == kv_format.row_width(k_cache.dtype, q.shape[2])
     assert q.stride(2) == 1 and q.stride(1) == q.shape[2] and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert out.is_contiguous() and all(t.dtype == torch.int64 and t.is_contiguous() for t in (ctx_slots, ctx_start, ctx_len))
-    _lib().attention(q.data_ptr(), q.stride(0), ctx_len.shape[0], q.shape[1], k_cache.shape[1], q.shape[2],
-                     k_cache.data_ptr(), v_cache.data_ptr(), ctx_slots.data_ptr(), ctx_start.data_ptr(),
-                     ctx_len.data_ptr(), scale, out.data_ptr(), torch.get_num_threads(),
-                     int(k_cache.dtype == torch.float16))
+    _lib().attention(q.data_ptr(), q.stride(0), ctx_len.shape[0], q.shape[1], k_cache.shape[0], q.shape[2],
+                     k_cache.shape[1], k_cache.data_ptr(), v_cache.data_ptr(), ctx_slots.data_ptr(),
+                     ctx_start.data_ptr(), ctx_len.data_ptr(), scale, out.data_ptr(), torch.get_num_threads(),
+                     kv_format.CODES[k_cache.dtype])

@@ -34,7 +34,7 @@ struct Layer {
     Linear o;
     Linear gate_up;
     Linear down;
-    void* k_cache;          // [slots, num_kv_heads, head_dim], float32 or float16 (Dims.kv_f16)
+    void* k_cache;          // [num_kv_heads, Dims.kv_slots, row], rows in Dims.kv_format (kv_format.py)
     void* v_cache;
 };
 
@@ -44,10 +44,20 @@ struct Dims {
     int64_t num_heads;
     int64_t num_kv_heads;
     int64_t head_dim;
+    int64_t kv_slots;       // the K/V caches' slots per KV head
     float eps;
     float attn_scale;
-    int kv_f16;             // the K/V caches hold float16 (IEEE half, rounded to nearest even)
+    int kv_format;          // KV_FORMAT_*: the K/V caches' rows
 };
+
+// K/V cache rows (kv_format.py): float32; float16 (IEEE half, rounded to nearest even); int8 codes then
+// a float32 scale per group of kv_group(head_dim) values
+#define KV_FORMAT_F32 0
+#define KV_FORMAT_F16 1
+#define KV_FORMAT_I8 2
+
+inline int64_t kv_group(int64_t d) { return d % 32 == 0 ? 32 : d % 16 == 0 ? 16 : 8; }
+inline int64_t kv_int8_row(int64_t d) { return d + 4 * (d / kv_group(d)); }  // bytes
 
 // kernel_isa's instruction sets for the integer-activation paths
 #define KERNEL_ISA_AVX2 0
@@ -74,9 +84,10 @@ void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t ro
 void rope(float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t d, const int64_t* positions, const float* cos,
           const float* sin);
 void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads);
+// attention.cpp: paged attention
 void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
-               const void* k_cache, const void* v_cache, const int64_t* ctx_slots, const int64_t* ctx_start,
-               const int64_t* ctx_len, float scale, float* out, int threads, int kv_f16);
+               int64_t kv_slots, const void* k_cache, const void* v_cache, const int64_t* ctx_slots,
+               const int64_t* ctx_start, const int64_t* ctx_len, float scale, float* out, int threads, int kv_format);
 
 // decoder.cpp: the layer loop in one call
 int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, const float* final_norm, float* h,

@@ -15,7 +15,7 @@ from specdec.quant import kernel
 @dataclass(frozen=True)
 class KernelOptions:
     dense: bool = True          # float32 linear layers on specdec's dense kernel (off: MKL in row blocks)
-    layer_ops: bool = True      # RMSNorm, RoPE, SwiGLU's activation and attention in layer_ops.cpp
+    layer_ops: bool = True      # RMSNorm, RoPE, SwiGLU's activation (layer_ops.cpp) and attention (attention.cpp)
     fused_decoder: bool = True  # with the layer ops, the whole layer loop in one C++ call (decoder.py)
 
 
@@ -25,6 +25,6 @@ def dense_kernel(device: torch.device, options: KernelOptions) -> bool:
 
 
 def layer_kernels(dtype: torch.dtype, device: torch.device, options: KernelOptions) -> bool:
-    """Whether RMSNorm, RoPE, SwiGLU's activation and attention run in `layer_ops.cpp` for these
+    """Whether RMSNorm, RoPE, SwiGLU's activation and attention run in `layer_ops.cpp` / `attention.cpp` for these
     activations."""
     return options.layer_ops and dtype == torch.float32 and device.type == "cpu" and kernel.available()

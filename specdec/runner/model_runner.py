@@ -1,8 +1,9 @@
 """ModelRunner: SchedulerOutput -> flat tensors -> one forward -> logits at the requested rows.
 
-Owns the model, its paged KV cache (one (k, v) pair per layer, each [num_blocks * block_size,
-num_kv_heads, head_dim]) and its thread count (runner/threads.py: set around each forward, restored
-after). Knows nothing about sampling or requests beyond their block tables.
+Owns the model, its paged KV cache (one (k, v) pair per layer, each [num_kv_heads, num_blocks *
+block_size, row], rows in one of quant/kv_format.py's formats) and its thread count
+(runner/threads.py: set around each forward, restored after). Knows nothing about sampling or requests
+beyond their block tables.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from specdec.core.outputs import ModelRunnerOutput, SchedulerOutput
 from specdec.models.llama import LlamaModel
+from specdec.quant import kv_format
 from specdec.quant.layers import pad_rows
 from specdec.runner.batch import build_batch
 from specdec.runner.threads import ThreadTuner, using_threads
@@ -19,10 +21,8 @@ from specdec.runner.threads import ThreadTuner, using_threads
 
 def kv_cache_dtype(choice: str) -> torch.dtype | None:
     """The K/V caches' dtype for a `cache_config.kv_cache_dtype` choice (config.KV_CACHE_DTYPES); None: the
-    model's own. Auto is the model's: both formats are as close to float32 as llama.cpp under the int4
-    modes (`specdec kld`), and float16's half the bytes did not make long contexts faster on the CPU
-    measured (docs/performance.md)."""
-    return {"auto": None, "float32": torch.float32, "float16": torch.float16}[choice]
+    model's own (`auto` left unresolved: precision.resolve_precision picks a measured format)."""
+    return {"auto": None, "float32": torch.float32, "float16": torch.float16, "int8": torch.int8}[choice]
 
 
 class ModelRunner:
@@ -37,9 +37,10 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
-        shape = (num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
-        # zeros: pages are only touched (and counted) as slots are used
         self.kv_dtype = kv_dtype or model.dtype
+        # head-major (one stream per KV head), rows in quant/kv_format.py's formats
+        shape = (cfg.num_kv_heads, num_blocks * block_size, kv_format.row_width(self.kv_dtype, cfg.head_dim))
+        # zeros: pages are only touched (and counted) as slots are used
         self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=device),
                            torch.zeros(shape, dtype=self.kv_dtype, device=device)) for _ in range(cfg.num_layers)]
         mask = torch.zeros(cfg.vocab_size, dtype=torch.bool)
@@ -87,5 +88,5 @@ class ModelRunner:
     def _copy_block(self, src: int, dst: int) -> None:
         bs = self.block_size
         for k, v in self.kv_caches:
-            k[dst * bs:(dst + 1) * bs] = k[src * bs:(src + 1) * bs]
-            v[dst * bs:(dst + 1) * bs] = v[src * bs:(src + 1) * bs]
+            k[:, dst * bs:(dst + 1) * bs] = k[:, src * bs:(src + 1) * bs]
+            v[:, dst * bs:(dst + 1) * bs] = v[:, src * bs:(src + 1) * bs]

@@ -97,8 +97,8 @@ def _top1(loaded, skip: frozenset[int], ids: list[int]) -> torch.Tensor:
     cfg, dev = loaded.config, loaded.weights["norm"].device
     model = LlamaModel(cfg, loaded.weights, len(ids) + 8, dev, skip)
     n = pad_rows(len(ids), model.row_align)
-    caches = [(torch.zeros(n, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype, device=dev),
-               torch.zeros(n, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype, device=dev))
+    caches = [(torch.zeros(cfg.num_kv_heads, n, cfg.head_dim, dtype=model.dtype, device=dev),
+               torch.zeros(cfg.num_kv_heads, n, cfg.head_dim, dtype=model.dtype, device=dev))
               for _ in range(cfg.num_layers)]
     x = torch.tensor(ids + [0] * (n - len(ids)), device=dev)
     slots = torch.arange(len(ids), device=dev)
