@@ -123,7 +123,7 @@ def test_layer_kernels_agree_with_pytorch():
         held = tuple(kv_format.encode(torch.randn(kv_heads, 200, d, generator=g) * 3, dtype) for _ in range(2))
         got, want = (torch.empty(n, heads * d) for _ in range(2))
         kernel.attention(q, *held, *ctx, d ** -0.5, got)
-        kernel.attention(q, *(kv_format.decode(c, torch.float32) for c in held), *ctx, d ** -0.5, want)
+        kernel.attention(q, *(kv_format.decode(c, torch.float32, d) for c in held), *ctx, d ** -0.5, want)
         assert torch.equal(got, want)
 
 

@@ -272,11 +272,11 @@ def test_int8_kv_rows_hold_codes_and_their_scales():
     scale = x.view(5, 2, 2, 32).abs().amax(-1) / 127
     assert torch.equal(rows[..., 64:].contiguous().view(torch.float32), scale)
     assert rows[..., :64].abs().max() == 127 and not rows[3, 1, 32:64].any()
-    back = kv_format.decode(rows, torch.float32)
+    back = kv_format.decode(rows, torch.float32, 64)
     assert ((back - x).view(5, 2, 2, 32).abs() <= (scale / 2 * (1 + 1e-6)).unsqueeze(-1)).all()
     assert (back[1, 0, 32:] - x[1, 0, 32:]).abs().max() < 0.05
     assert [kv_format.row_width(torch.int8, d) for d in (128, 48, 8)] == [144, 48 + 12, 12]
-    assert torch.equal(kv_format.decode(kv_format.encode(x, torch.float16), torch.float32), x.half().float())
+    assert torch.equal(kv_format.decode(kv_format.encode(x, torch.float16), torch.float32, 64), x.half().float())
 
 
 @pytest.mark.parametrize("target", ["tiny_qwen", "tiny_kquant"])

@@ -21,11 +21,13 @@ import torch
 
 from specdec.bench.bandwidth import measure_read_bandwidth
 from specdec.bench.steps import SHAPES
+from specdec.config import KV_CACHE_DTYPES
 from specdec.extras import require_plotting
 from specdec.fileio import atomic_write_text
 from specdec.quant import kernel, kv_format
+from specdec.runner.model_runner import kv_cache_dtype
 
-FORMATS = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8}
+FORMATS = {name: kv_cache_dtype(name) for name in KV_CACHE_DTYPES if name != "auto"}  # the cache's formats
 
 
 class Caches:

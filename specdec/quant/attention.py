@@ -72,8 +72,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: tu
     out = torch.zeros(q.shape[0], num_heads * head_dim, dtype=q.dtype, device=q.device)
     for seq in meta.seqs:
         # [num_kv_heads, context, head_dim]: a prefix of it is exactly one token's context
-        keys = kv_format.decode(k_cache.index_select(1, seq.context_slots), q.dtype)
-        values = kv_format.decode(v_cache.index_select(1, seq.context_slots), q.dtype)
+        keys = kv_format.decode(k_cache.index_select(1, seq.context_slots), q.dtype, head_dim)
+        values = kv_format.decode(v_cache.index_select(1, seq.context_slots), q.dtype, head_dim)
         for i in range(seq.num_new):
             row = seq.row_start + i
             ctx = seq.start_position + i + 1

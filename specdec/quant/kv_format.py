@@ -38,13 +38,12 @@ def encode(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([codes.flatten(-2), scale.squeeze(-1).contiguous().view(torch.int8)], dim=-1)
 
 
-def decode(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Cache rows -> their values as `dtype` (float16 widened exactly; int8 as code * scale in float32)."""
+def decode(rows: torch.Tensor, dtype: torch.dtype, head_dim: int) -> torch.Tensor:
+    """Cache rows of `head_dim` values -> those values as `dtype` (float16 widened exactly; int8 as
+    code * scale in float32)."""
     if rows.dtype != torch.int8:
         return rows.to(dtype)
-    width = rows.shape[-1]
-    d = next(width * g // (g + SCALE_BYTES) for g in (32, 16, 8)
-             if width * g % (g + SCALE_BYTES) == 0 and row_width(torch.int8, width * g // (g + SCALE_BYTES)) == width)
-    codes = rows[..., :d].float().reshape(*rows.shape[:-1], d // group_size(d), group_size(d))
-    scale = rows[..., d:].contiguous().view(torch.float32).unsqueeze(-1)
+    g = group_size(head_dim)
+    codes = rows[..., :head_dim].float().reshape(*rows.shape[:-1], head_dim // g, g)
+    scale = rows[..., head_dim:].contiguous().view(torch.float32).unsqueeze(-1)
     return (codes * scale).flatten(-2).to(dtype)

@@ -21,7 +21,7 @@ from specdec.runner.threads import ThreadTuner, using_threads
 
 def kv_cache_dtype(choice: str) -> torch.dtype | None:
     """The K/V caches' dtype for a `cache_config.kv_cache_dtype` choice (config.KV_CACHE_DTYPES); None: the
-    model's own (`auto` left unresolved: precision.resolve_precision picks a measured format)."""
+    model's own (`auto` left unresolved: precision.resolve_kv_cache picks a measured format)."""
     return {"auto": None, "float32": torch.float32, "float16": torch.float16, "int8": torch.int8}[choice]
 
 
