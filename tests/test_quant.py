@@ -207,6 +207,31 @@ def test_a_fused_projection_equals_its_parts_called_alone(act, names):
         assert torch.equal(out, alone), rows
 
 
+@pytest.mark.parametrize("act", [8, 16], ids=["int4-a8", "int4-a16"])
+def test_prompt_rows_are_bitwise_the_rows_alone(act):
+    """From 32 rows a projection runs as a prompt (tiles of features with every row inside; under int8
+    Q6_K's weights decoded once per tile): over several tiles, parts and threads, each of 100 rows is
+    bitwise what it gives alone, and what it gives beside 31 others (the last count below the prompt path)."""
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    from specdec.quant.decoder import describe_linear
+    keep: list = []
+    names = ["Q6_K", "Q4_K", "Q5_0"] * 4 if act == 8 else ["Q4_K", "Q6_K"] * 6
+    lin = QuantLinear([LAYERS[n] for n in names], act)  # held: desc points into its scales
+    desc = describe_linear(lin, None, keep)
+    x = torch.randn(100, COLS, generator=torch.Generator().manual_seed(7))
+
+    def parts(rows: torch.Tensor) -> torch.Tensor:
+        out = torch.full((rows.shape[0], desc.n), float("nan"))
+        assert kernel._lib().qlinear_parts(rows.data_ptr(), rows.shape[0], COLS, desc.parts, desc.num_parts,
+                                           out.data_ptr(), desc.n, 2) == 0
+        return out
+
+    y = parts(x)
+    assert torch.equal(torch.cat([parts(x[i:i + 1]) for i in range(100)]), y)
+    assert torch.equal(torch.cat([parts(x[i:i + 31]) for i in range(0, 93, 31)] + [parts(x[93:])]), y)
+
+
 def test_a_projection_with_a_part_off_the_integer_paths_is_refused_unwritten():
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")

@@ -43,6 +43,17 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-peers-zen3": ("2026-12-05", "zen3", "int4-a8 (auto) beside llama.cpp and OpenVINO GenAI, their "
+                         "speculation included, on three sets"),
+    "bench-code-edit-zen3": ("2026-12-05", "zen3", "code edits of 256 tokens: suffix and n-gram beside llama.cpp's and "
+                             "OpenVINO GenAI's prompt lookup"),
+    "bench-steps-prompt-tiles-zen3": ("2026-12-05", "zen3", "prompt tiles: the draft's and the target's forwards "
+                                      "by new rows beside llama.cpp's, against the int8 peak measured in assembly"),
+    "bench-decode-zen3": ("2026-12-05", "zen3", "plain decoding, the draft model and suffix beside llama.cpp on "
+                          "three sets"),
+    "bench-steps-ctx2k-zen3": ("2026-12-05", "zen3", "one row and five after 2,048 tokens of context beside llama.cpp"),
+    "bench-steps-ctx16k-zen3": ("2026-12-05", "zen3", "one row and five after 16,384 tokens of context beside "
+                                "llama.cpp"),
     "bench-spec-float32": ("2026-11-29", "zen1", "float32 target: the arms on the five prompt sets"),
     "bench-serve-float32": ("2026-11-29", "zen1", "Poisson arrivals through the server's engine, plain and draft"),
     "bench-spec-bfloat16": ("2026-11-29", "zen1", "bfloat16 target: verification is dear, the cost model stays plain"),

@@ -4,11 +4,13 @@
 // qlinear_vnni.cpp). Each output feature's tiles are the same whatever the parts beside it, so a part's
 // results are bitwise those of calling it alone.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <vector>
 
 #include "kernels.h"
 #include "qlinear.h"
+#include "tiles_prompt.h"
 
 namespace {
 
@@ -17,6 +19,14 @@ struct Reader {
     virtual ~Reader() = default;
     // Feature j of `part` for rows [r0, r1) (row_tiles); y is the part's first output column.
     virtual void feature(const Part& part, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const = 0;
+    // Prompts (tiles_prompt.h): the bytes feature j's weights take decoded, 0 where they are read as packed;
+    // the decoding; and the feature from it.
+    virtual int64_t decoded_bytes(const Part&) const { return 0; }
+    virtual void decode(const Part&, int64_t, uint8_t*) const {}
+    virtual void decoded_feature(const Part& part, int64_t j, const uint8_t*, int64_t r0, int64_t r1, float* y,
+                                 int64_t ldy) const {
+        feature(part, j, r0, r1, y, ldy);
+    }
 };
 
 // int8 per 32 values, one float scale per group (Q4_0-like 4-bit codes, 8-bit codes: Q5_0, Q8_0).
@@ -52,6 +62,9 @@ template <int BITS, int ACT>
 class SuperReader final : public Reader {
     using XQ = std::conditional_t<ACT == 8, int8_t, int16_t>;
     static constexpr int G = BITS == 4 ? 32 : 16;
+    // rows a tile takes: at 8 with int8 the integer sums and float accumulators no longer fit the 16
+    // vector registers (a 256-row Q4_K projection ran 0.85x the rate of tiles of 6)
+    static constexpr int kTile = ACT == 8 ? 6 : 8;
 
    public:
     // int_mins: Q4_K's offsets as integer minimums (ACT 8); offsets: float offsets otherwise
@@ -70,29 +83,65 @@ class SuperReader final : public Reader {
     }
 
     void feature(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const override {
-        const int64_t supers = k_ / 256, groups = k_ / G;
         const void* c = (const uint8_t*)p.codes + j * row_bytes<BITS>(k_);
-        const float* o = int_mins_ || !p.offset ? nullptr : p.offset + j * groups;
-        const int8_t* sub = p.sub + j * groups;
-        const float* dsup = p.dsup + j * supers;
-        row_tiles(r0, r1, [&](auto mt, int64_t r) {
+        const int8_t* sub = p.sub + j * (k_ / G);
+        each_tile<kTile>(p, j, r0, r1, y, ldy, [&](auto mt, const XQ* xq, const float* dx, const float* xs,
+                                                   const int16_t* is, const float* dsup, const float* o, float* yr,
+                                                   const float* less) {
             constexpr int MT = decltype(mt)::value;
-            const float* xs = sums_ ? sums_.get() + r * groups : nullptr;
-            const int16_t* is = isums_ ? isums_.get() + r * groups : nullptr;
-            const XQ* xq = xq_.get() + r * k_;
-            const float* dx = dx_.get() + r * supers;
-            if constexpr (ACT == 8) {
-                tile_super<BITS, MT>(xq, dx, k_, xs, is, c, sub, dsup, o, y + r * ldy + j, ldy);
-                if (int_mins_)
-                    for (int i = 0; i < MT; ++i)
-                        y[(r + i) * ldy + j] -= min_dot(is + i * groups, p.mins + j * groups, p.dmin + j * supers,
-                                                        dx + i * supers, supers);
-            } else
-                tile_a16<BITS, MT>(xq, dx, k_, xs, c, sub, dsup, o, y + r * ldy + j, ldy);
+            if constexpr (ACT == 8) tile_super<BITS, MT>(xq, dx, k_, xs, is, c, sub, dsup, o, yr, ldy, less);
+            else tile_a16<BITS, MT>(xq, dx, k_, xs, c, sub, dsup, o, yr, ldy);
         });
     }
 
+#ifndef __AVX512VNNI__
+    // Q6_K under int8 (tiles_prompt.h); the rest read their codes packed
+    int64_t decoded_bytes(const Part&) const override { return ACT == 8 && BITS == 6 ? k_ / 256 * kDecoded6 : 0; }
+
+    void decode(const Part& p, int64_t j, uint8_t* w) const override {
+        if constexpr (ACT == 8 && BITS == 6)
+            decode_super6((const uint8_t*)p.codes + j * row_bytes<BITS>(k_), p.sub + j * (k_ / G), k_ / 256, w);
+    }
+
+    void decoded_feature(const Part& p, int64_t j, const uint8_t* w, int64_t r0, int64_t r1, float* y,
+                         int64_t ldy) const override {
+        if constexpr (ACT == 8 && BITS == 6)
+            each_tile<kTile>(p, j, r0, r1, y, ldy, [&](auto mt, const XQ* xq, const float* dx, const float* xs,
+                                                       const int16_t* is, const float* dsup, const float* o, float* yr,
+                                                       const float* less) {
+                prompt_tile6<decltype(mt)::value>(xq, dx, k_, xs, is, w, dsup, o, yr, ldy, less);
+            });
+        else feature(p, j, r0, r1, y, ldy);
+    }
+#endif
+
    private:
+    // Feature j's rows [r0, r1) in tiles: tile(MT, x, dx, group sums, integer group sums, dsup, offsets, y,
+    // Q4_K's integer minimums or null).
+    template <int T, class Tile>
+    void each_tile(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy, Tile tile) const {
+        const int64_t supers = k_ / 256, groups = k_ / G;
+        const float* o = int_mins_ || !p.offset ? nullptr : p.offset + j * groups;
+        const float* dsup = p.dsup + j * supers;
+        row_tiles<T>(r0, r1, [&](auto mt, int64_t r) {
+            constexpr int MT = decltype(mt)::value;
+            const int16_t* is = isums_ ? isums_.get() + r * groups : nullptr;
+            const float* dx = dx_.get() + r * supers;
+            float less[MT];
+            if (int_mins_) mins_of<MT>(p, j, is, dx, less);
+            tile(mt, xq_.get() + r * k_, dx, sums_ ? sums_.get() + r * groups : nullptr, is, dsup, o,
+                 y + r * ldy + j, int_mins_ ? less : nullptr);
+        });
+    }
+
+    // Q4_K's minimums' term of feature j for MT rows (is, dx: the first row's), subtracted as the tile finishes.
+    template <int MT>
+    void mins_of(const Part& p, int64_t j, const int16_t* is, const float* dx, float* less) const {
+        const int64_t supers = k_ / 256, groups = k_ / G;
+        for (int i = 0; i < MT; ++i)
+            less[i] = min_dot(is + i * groups, p.mins + j * groups, p.dmin + j * supers, dx + i * supers, supers);
+    }
+
     int64_t k_;
     bool int_mins_;
     std::unique_ptr<XQ[]> xq_;
@@ -127,6 +176,38 @@ inline bool same_reading(const Part& a, const Part& b) {
            !a.offset == !b.offset;
 }
 
+// A prompt's rows through every feature (tiles_prompt.h): each thread takes a tile of features, decodes
+// their weights once (or reads them packed, where a reader does not decode) and runs every row through
+// them, kPromptSpan rows at a time.
+inline void run_prompt(const std::vector<const Reader*>& readers, const Part* parts, const std::vector<int64_t>& start,
+                       int64_t rows, int64_t k, float* y, int64_t ldy, int threads) {
+    const int64_t num_parts = (int64_t)readers.size(), n = start[num_parts];
+    int64_t slot = 0, code_bytes = 0;  // a feature's decoded bytes (the most any part needs), its packed bytes
+    for (int64_t p = 0; p < num_parts; ++p) {
+        slot = std::max(slot, (readers[p]->decoded_bytes(parts[p]) + 63) / 64 * 64);
+        code_bytes = std::max(code_bytes, k * parts[p].bits / 8);
+    }
+    const int64_t f = prompt_features(slot ? slot : code_bytes), tiles = (n + f - 1) / f;
+#pragma omp parallel num_threads(threads)
+    {
+        std::unique_ptr<uint8_t[]> w = buffer<uint8_t>(slot * f);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tiles; ++t) {
+            const int64_t j0 = t * f, j1 = std::min(j0 + f, n);
+            for (int64_t j = j0, p = 0; j < j1; ++j) {
+                while (j >= start[p + 1]) ++p;
+                readers[p]->decode(parts[p], j - start[p], w.get() + (j - j0) * slot);
+            }
+            for (int64_t r = 0; r < rows; r += kPromptSpan)
+                for (int64_t j = j0, p = 0; j < j1; ++j) {
+                    while (j >= start[p + 1]) ++p;
+                    readers[p]->decoded_feature(parts[p], j - start[p], w.get() + (j - j0) * slot, r,
+                                                std::min(r + kPromptSpan, rows), y + start[p], ldy);
+                }
+        }
+    }
+}
+
 // y[:, start(p) + j] for every feature j of every part p, parts side by side from column 0. Returns 0, or
 // -1 on a part the integer paths do not take (nothing is written then).
 inline int run_projection(const float* x, int64_t rows, int64_t k, const Part* parts, int64_t num_parts, float* y,
@@ -143,6 +224,10 @@ inline int run_projection(const float* x, int64_t rows, int64_t k, const Part* p
             readers[p] = owned.back().get();
         }
         start[p + 1] = start[p] + parts[p].n;
+    }
+    if (rows >= kPromptRows) {
+        run_prompt(readers, parts, start, rows, k, y, ldy, threads);
+        return 0;
     }
     parallel_features(start[num_parts], rows, k, threads, [&](int64_t f, int64_t r0, int64_t r1) {
         int64_t p = 0;

@@ -88,19 +88,20 @@ inline int64_t row_block(int64_t k) {
     return b < 8 ? 8 : b;
 }
 
-// tile(MT, r) for rows [r0, r1) in tiles of 8, then the remaining 1-7 rows as one tile (a group's codes
-// are decoded once per tile; MT arrives as std::integral_constant).
-template <class Tile>
+// tile(MT, r) for rows [r0, r1) in tiles of T (at most 8), then the remaining rows as one tile (a group's
+// codes are decoded once per tile; MT arrives as std::integral_constant). A row's result never depends on
+// its tile: a tile computes each of its rows alone, in the same order.
+template <int T = 8, class Tile>
 inline void row_tiles(int64_t r0, int64_t r1, Tile tile) {
+    static_assert(T >= 1 && T <= 8);
     int64_t r = r0;
-    for (; r + 8 <= r1; r += 8) tile(std::integral_constant<int, 8>{}, r);
-    // the rest as one tile: k + 1 = 2..8 verification rows decode each group once
+    for (; r + T <= r1; r += T) tile(std::integral_constant<int, T>{}, r);
+    // the rest as one tile: k + 1 <= T verification rows decode each group once
     simd::with_count(r1 - r, [&](auto mt) { tile(mt, r); });
 }
 
 // Runs feature(j, r0, r1) over every output feature j in [0, n) (in parallel), for rows in blocks of
-// `row_block` (a multiple of 8, so row_tiles' tiles are the same whatever the block: each output's
-// arithmetic never depends on the blocking).
+// `row_block` (each output's arithmetic never depends on the blocking: row_tiles).
 template <class Feature>
 void parallel_features(int64_t n, int64_t rows, int64_t k, int threads, Feature feature) {
     const int64_t block = row_block(k);
@@ -124,10 +125,15 @@ void for_each_feature(int64_t n, int64_t rows, int64_t k, const void* codes, con
     });
 }
 
+// y[r] = the fixed horizontal sum of acc[r] + the offsets' term, less less[r] where given (Q4_K's integer
+// minimums under int8, computed before the tile so that y is written once).
 template <int MT>
-inline void finish(const __m256* acc, int64_t groups, const float* xsum, const float* offset, float* y, int64_t ldy) {
-    for (int r = 0; r < MT; ++r)
-        y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
+inline void finish(const __m256* acc, int64_t groups, const float* xsum, const float* offset, float* y, int64_t ldy,
+                   const float* less = nullptr) {
+    for (int r = 0; r < MT; ++r) {
+        const float v = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
+        y[r * ldy] = less ? v - less[r] : v;
+    }
 }
 
 }  // namespace

@@ -85,7 +85,7 @@ inline void unsigned6_correction(const int16_t* isums, int64_t k, int64_t sb, co
 // accumulator; then the fixed horizontal sums and the offsets' dot product.
 template <int MT, int SPAN, int G, class Body>
 inline void span_tile(int64_t k, const float* dx, const float* dsup, const float* xsum, const float* offset,
-                      float* y, int64_t ldy, Body body) {
+                      float* y, int64_t ldy, Body body, const float* less = nullptr) {
     const int64_t spans = k / SPAN, supers = k / 256;
     __m256 acc[MT];
     for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
@@ -96,7 +96,7 @@ inline void span_tile(int64_t k, const float* dx, const float* dsup, const float
         const int64_t sb = sp * SPAN / 256;
         flush<MT>(sum, dsup[sb], dx + sb, supers, acc);
     }
-    finish<MT>(acc, k / G, xsum, offset, y, ldy);
+    finish<MT>(acc, k / G, xsum, offset, y, ldy, less);
 }
 
 // The codes a fixed distance ahead of those being read, a line at a time: features are contiguous, so
@@ -139,7 +139,7 @@ inline void codes6_512(const uint8_t* p, __m512i* u) {
 template <int BITS, int MT>
 inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const int16_t* isums,
                        const void* codes, const int8_t* sub, const float* dsup, const float* offset, float* y,
-                       int64_t ldy) {
+                       int64_t ldy, const float* less = nullptr) {
     constexpr int G = BITS == 4 ? 32 : 16;
     const __m512i m = _mm512_set1_epi8(0x0F);
     span_tile<MT, 256, G>(k, dx, dsup, xsum, offset, y, ldy, [&](int64_t sb, __m256i* sum) {
@@ -181,7 +181,7 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
         for (int r = 0; r < MT; ++r)
             sum[r] = _mm256_add_epi32(_mm512_castsi512_si256(z[r]), _mm512_extracti64x4_epi64(z[r], 1));
         if constexpr (BITS == 6) unsigned6_correction<MT>(isums, k, sb, s, sum);
-    });
+    }, less);
 }
 #else
 constexpr XOrder SUPER_X4 = XOrder::PAIR64;
@@ -190,7 +190,7 @@ constexpr XOrder SUPER_X4 = XOrder::PAIR64;
 template <int BITS, int MT>
 inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const int16_t* isums,
                        const void* codes, const int8_t* sub, const float* dsup, const float* offset, float* y,
-                       int64_t ldy) {
+                       int64_t ldy, const float* less = nullptr) {
     constexpr int G = BITS == 4 ? 32 : 16;
     const __m256i m = _mm256_set1_epi8(0x0F);
     span_tile<MT, 256, G>(k, dx, dsup, xsum, offset, y, ldy, [&](int64_t sb, __m256i* sum) {
@@ -236,7 +236,7 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
             }
             unsigned6_correction<MT>(isums, k, sb, s, sum);
         }
-    });
+    }, less);
 }
 
 #endif
