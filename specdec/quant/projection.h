@@ -77,7 +77,7 @@ class SuperReader final : public Reader {
         // finer and its offsets see the unrounded x
         if (offsets && !int_mins) sums_ = ACT == 8 ? buffer<float>(rows * groups) : group_sums<G>(x, rows, k);
         if constexpr (ACT == 8)
-            quantize_rows<G>(x, rows, k, 256, BITS == 4 ? SUPER_X4 : XOrder::ELEMENT, xq_.get(), dx_.get(),
+            quantize_rows<G>(x, rows, k, 256, BITS == 4 ? SUPER_X4 : SUPER_X6, xq_.get(), dx_.get(),
                              sums_.get(), isums_.get());
         else quantize_rows16(x, rows, k, xq_.get(), dx_.get());
     }
@@ -194,12 +194,12 @@ inline void run_prompt(const std::vector<const Reader*>& readers, const Part* pa
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tiles; ++t) {
             const int64_t j0 = t * f, j1 = std::min(j0 + f, n);
-            for (int64_t j = j0, p = 0; j < j1; ++j) {
+            for (int64_t j = j0, p = 0; slot && j < j1; ++j) {
                 while (j >= start[p + 1]) ++p;
                 readers[p]->decode(parts[p], j - start[p], w.get() + (j - j0) * slot);
             }
             for (int64_t r = 0; r < rows; r += kPromptSpan)
-                for (int64_t j = j0, p = 0; j < j1; ++j) {
+                for (int64_t j = j0, p = 0; j < j1; ++j) {  // p follows j: no per-feature table of parts
                     while (j >= start[p + 1]) ++p;
                     readers[p]->decoded_feature(parts[p], j - start[p], w.get() + (j - j0) * slot, r,
                                                 std::min(r + kPromptSpan, rows), y + start[p], ldy);
@@ -229,11 +229,12 @@ inline int run_projection(const float* x, int64_t rows, int64_t k, const Part* p
         run_prompt(readers, parts, start, rows, k, y, ldy, threads);
         return 0;
     }
+    const bool wide = std::any_of(parts, parts + num_parts, [](const Part& p) { return p.act == 16; });
     parallel_features(start[num_parts], rows, k, threads, [&](int64_t f, int64_t r0, int64_t r1) {
         int64_t p = 0;
         while (f >= start[p + 1]) ++p;
         readers[p]->feature(parts[p], f - start[p], r0, r1, y + start[p], ldy);
-    });
+    }, wide ? 2 : 1);  // x as int16 or int8
     return 0;
 }
 

@@ -27,11 +27,12 @@ inline int32_t hsum_epi32(__m256i v) {
 // 0-15, group 2c+1 elements 0-15, then both groups' elements 16-31]: the order in which one 32-byte load
 // of two int4 groups' codes yields its nibbles. PAIR128: two such 64-value runs interleaved by halves
 // [run 0 first half, run 1 first half, run 0 second half, run 1 second half]: the order of one 64-byte
-// load's nibbles.
-enum class XOrder { ELEMENT, PAIR64, PAIR128 };
+// load's nibbles. SPLIT64: each 64 values as `split_words` makes them of its two runs of 32 (Q6_K's
+// codes in tile_super<6> on AVX2).
+enum class XOrder { ELEMENT, PAIR64, PAIR128, SPLIT64 };
 
 inline int x_position(int i, XOrder order) {
-    if (order == XOrder::ELEMENT) return i;
+    if (order == XOrder::ELEMENT || order == XOrder::SPLIT64) return i;  // SPLIT64: moved once the block is done
     const int e = i % 64, pos64 = (e % 32) / 16 * 32 + e / 32 * 16 + e % 16;
     if (order == XOrder::PAIR64) return (i - e) + pos64;
     const int run = (i % 128) / 64;
@@ -70,6 +71,12 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int block, XOrder or
                 const int32_t isum = hsum_epi32(sum);
                 if (xsum) xsum[(r * k + b * block) / G + g] = d * (float)isum;
                 if (isums) isums[(r * k + b * block) / G + g] = (int16_t)isum;
+            }
+            for (int i = 0; order == XOrder::SPLIT64 && i < block; i += 64) {
+                __m256i even, odd;
+                split_words(load256(qb + i), load256(qb + i + 32), &even, &odd);
+                _mm256_storeu_si256((__m256i*)(qb + i), even);
+                _mm256_storeu_si256((__m256i*)(qb + i + 32), odd);
             }
         }
 }

@@ -59,6 +59,15 @@ inline void codes6(const uint8_t* p, __m256i* u) {
                            _mm256_and_si256(_mm256_srli_epi16(hi, 2), m2));
 }
 
+// Two vectors of 32 bytes a, b (2-byte words a_w, b_w) as [a_0 b_0 a_2 b_2 ... a_14 b_14] and
+// [a_1 b_1 a_3 b_3 ... a_15 b_15]: applied to two runs of Q6_K codes and to their x alike, each int16
+// lane of the two products holds words of one group, so one vpmaddwd applies the scales of both
+// (tile_super<6>). Two instructions a vector.
+inline void split_words(__m256i a, __m256i b, __m256i* even, __m256i* odd) {
+    *even = _mm256_blend_epi16(a, _mm256_slli_epi32(b, 16), 0xAA);
+    *odd = _mm256_blend_epi16(_mm256_srli_epi32(a, 16), b, 0xAA);
+}
+
 // Per-group sums of x, [rows, k / G].
 template <int G>
 std::unique_ptr<float[]> group_sums(const float* x, int64_t rows, int64_t k) {
@@ -80,11 +89,12 @@ inline int chunk_size(int64_t n, int threads) {
     return (int)(c < 8 ? 8 : c);
 }
 
-// Rows per pass over the weights: enough that their activations (about 256 KB of float32) stay in the
-// L2 cache while every feature reads them. With all rows in one pass, each feature re-read every row
-// from L3 (1.5 MB for 256 rows of 1,536), so a 256-row prefill cost more per row than 64 rows.
-inline int64_t row_block(int64_t k) {
-    const int64_t b = (65536 / k) / 8 * 8;
+// Rows per pass over the weights: enough that their activations (about 256 KB, `bytes` a value) stay in
+// the L2 cache while every feature reads them. With all rows in one pass, each feature re-read every row
+// from L3 (1.5 MB for 256 float32 rows of 1,536), so a 256-row prefill cost more per row than 64 rows.
+// Integer x counts its own width: 17 verification rows of ffn_down as bytes take one pass, not three.
+inline int64_t row_block(int64_t k, int64_t bytes = 4) {
+    const int64_t b = (262144 / (k * bytes)) / 8 * 8;
     return b < 8 ? 8 : b;
 }
 
@@ -101,10 +111,10 @@ inline void row_tiles(int64_t r0, int64_t r1, Tile tile) {
 }
 
 // Runs feature(j, r0, r1) over every output feature j in [0, n) (in parallel), for rows in blocks of
-// `row_block` (each output's arithmetic never depends on the blocking: row_tiles).
+// `row_block` of x at `bytes` a value (each output's arithmetic never depends on the blocking: row_tiles).
 template <class Feature>
-void parallel_features(int64_t n, int64_t rows, int64_t k, int threads, Feature feature) {
-    const int64_t block = row_block(k);
+void parallel_features(int64_t n, int64_t rows, int64_t k, int threads, Feature feature, int64_t bytes = 4) {
+    const int64_t block = row_block(k, bytes);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         const int64_t r1 = r0 + block < rows ? r0 + block : rows;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, chunk_size(n, threads))

@@ -114,7 +114,7 @@ inline void prefetch_ahead(const uint8_t* c) {
 // which fit int16, so one vpmaddwd by (sub, 0) pairs applies the groups' scales. Lanes i and i + 8 hold
 // what the 256-bit path's lane i holds (groups of the same parity), so folding the halves at the end of
 // the super-block gives that path's integers, hence its floats. Q4_K's x is in PAIR128 order.
-constexpr XOrder SUPER_X4 = XOrder::PAIR128;
+constexpr XOrder SUPER_X4 = XOrder::PAIR128, SUPER_X6 = XOrder::ELEMENT;
 
 inline __m512i quad_scales_even(const int16_t* sub) {  // 128-bit lane L: [sub[L], 0] x 4
     const __m512i mask = _mm512_set_epi8(-128, -128, 7, 6, -128, -128, 7, 6, -128, -128, 7, 6, -128, -128, 7, 6,
@@ -184,9 +184,27 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
     }, less);
 }
 #else
-constexpr XOrder SUPER_X4 = XOrder::PAIR64;
+constexpr XOrder SUPER_X4 = XOrder::PAIR64, SUPER_X6 = XOrder::SPLIT64;
 
-// BITS 4: G = 32, x in pair64 order; BITS 6: G = 16, element order.
+// The scales of 64 Q6_K values split by `split_words` (groups 4p .. 4p + 3 from s = sub + 4p): int16
+// lanes [s0 s2] x 4 in the low half, [s1 s3] x 4 in the high half.
+inline __m256i split_scales(const int16_t* s) {
+    const __m256i mask = _mm256_setr_epi8(0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5,
+                                          2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7);
+    int64_t four;
+    __builtin_memcpy(&four, s, 8);
+    return _mm256_shuffle_epi8(_mm256_set1_epi64x(four), mask);
+}
+
+// 64 values of one row: its two split runs' products added in int16 (at most 4 * 63 * 127, exact), then
+// one vpmaddwd by their groups' scales. Each int32 lane sums the products it summed as 2 x 32 values
+// in element order (the same groups and values), so the sums are the same integers.
+inline __m256i split_dot(__m256i even, __m256i odd, const int8_t* x, __m256i sc) {
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(even, load256(x)),
+                                              _mm256_maddubs_epi16(odd, load256(x + 32))), sc);
+}
+
+// BITS 4: G = 32, x in pair64 order; BITS 6: G = 16, x in split64 order.
 template <int BITS, int MT>
 inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const int16_t* isums,
                        const void* codes, const int8_t* sub, const float* dsup, const float* offset, float* y,
@@ -226,12 +244,12 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
             for (int h = 0; h < 2; ++h) {  // 128 values: groups 8h .. 8h + 7
                 __m256i u[4];
                 codes6(c + 96 * h, u);
-                for (int p = 0; p < 4; ++p) {  // 32 values: groups 8h + 2p and 8h + 2p + 1
-                    const __m256i sc = pair_scales(s + 8 * h + 2 * p);
-                    for (int r = 0; r < MT; ++r) {
-                        const __m256i x = load256(xq + r * k + sb * 256 + 128 * h + 32 * p);
-                        sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u[p], x), sc));
-                    }
+                for (int q = 0; q < 2; ++q) {  // 64 values: groups 8h + 4q .. 8h + 4q + 3
+                    __m256i even, odd;
+                    split_words(u[2 * q], u[2 * q + 1], &even, &odd);
+                    const __m256i sc = split_scales(s + 8 * h + 4 * q);
+                    for (int r = 0; r < MT; ++r)
+                        sum[r] = _mm256_add_epi32(sum[r], split_dot(even, odd, xq + r * k + sb * 256 + 128 * h + 64 * q, sc));
                 }
             }
             unsigned6_correction<MT>(isums, k, sb, s, sum);
