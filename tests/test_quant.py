@@ -25,18 +25,18 @@ from specdec.sampling_params import SamplingParams
 ROWS, COLS = 24, 512
 
 
-def _random_blocks(qtype: Q, rng: np.random.Generator) -> np.ndarray:
+def _random_blocks(qtype: Q, rng: np.random.Generator, rows: int = ROWS, cols: int = COLS) -> np.ndarray:
     """A tensor of `qtype` with random codes and small finite f16 scales, as the file stores it."""
     if qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0):  # gguf-py can quantize these itself
-        return gguf.quants.quantize(rng.standard_normal((ROWS, COLS)).astype(np.float32), qtype)
+        return gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
     per_block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, (ROWS * COLS // per_block, nbytes), dtype=np.uint8)
+    raw = rng.integers(0, 256, (rows * cols // per_block, nbytes), dtype=np.uint8)
     f16 = lambda n: rng.uniform(-0.05, 0.05, (raw.shape[0], n)).astype(np.float16).view(np.uint8)  # noqa: E731
     if qtype == Q.Q6_K:
         raw[:, 208:210] = f16(1)
     else:  # Q4_K, Q5_K: d and dmin lead the block
         raw[:, 0:4] = f16(2)
-    return raw.reshape(ROWS, -1)
+    return raw.reshape(rows, -1)
 
 
 @pytest.mark.parametrize("qtype", sorted(PACKABLE, key=lambda q: q.name), ids=lambda q: q.name)
@@ -230,6 +230,26 @@ def test_prompt_rows_are_bitwise_the_rows_alone(act):
     y = parts(x)
     assert torch.equal(torch.cat([parts(x[i:i + 1]) for i in range(100)]), y)
     assert torch.equal(torch.cat([parts(x[i:i + 31]) for i in range(0, 93, 31)] + [parts(x[93:])]), y)
+
+
+@pytest.mark.parametrize("supers", [3, 6])
+def test_q4_k_minimums_eight_features_at_once_are_bitwise_one_at_a_time(supers):
+    """Under int8, Q4_K's features go 8 at a time through their minimums' terms (min_dot8), the rest one
+    at a time (min_dot): a part of 13 features equals its features called as parts of one feature, at
+    verification and prompt row counts, with an odd and an even number of super-blocks."""
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    cols = 256 * supers
+    t = QuantTensor.from_codes(decode(_random_blocks(Q.Q4_K, np.random.default_rng(supers), 13, cols), Q.Q4_K,
+                                      13, cols))
+    one = lambda i: QuantTensor(t.bits, t.group, *(None if a is None else a[i:i + 1].contiguous() for a in  # noqa: E731
+                                (t.codes, t.scale, t.offset)), cols, t.super_scale[i:i + 1].contiguous(),
+                                t.super_min[i:i + 1].contiguous())
+    whole, alone = QuantLinear([t], 8), QuantLinear([one(i) for i in range(13)], 8)
+    assert whole.mins[0] is not None
+    x = torch.randn(40, cols, generator=torch.Generator().manual_seed(supers)) * 4
+    for rows in (1, 2, 5, 9, 17, 31, 40):
+        assert torch.equal(whole(x[:rows]), alone(x[:rows])), rows
 
 
 def test_a_projection_with_a_part_off_the_integer_paths_is_refused_unwritten():

@@ -19,6 +19,11 @@ struct Reader {
     virtual ~Reader() = default;
     // Feature j of `part` for rows [r0, r1) (row_tiles); y is the part's first output column.
     virtual void feature(const Part& part, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const = 0;
+    // Features [j0, j1) of `part` for rows [r0, r1): each as `feature` gives it.
+    virtual void features(const Part& part, int64_t j0, int64_t j1, int64_t r0, int64_t r1, float* y,
+                          int64_t ldy) const {
+        for (int64_t j = j0; j < j1; ++j) feature(part, j, r0, r1, y, ldy);
+    }
     // Prompts (tiles_prompt.h): the bytes feature j's weights take decoded, 0 where they are read as packed;
     // the decoding; and the feature from it.
     virtual int64_t decoded_bytes(const Part&) const { return 0; }
@@ -83,15 +88,23 @@ class SuperReader final : public Reader {
     }
 
     void feature(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const override {
-        const void* c = (const uint8_t*)p.codes + j * row_bytes<BITS>(k_);
-        const int8_t* sub = p.sub + j * (k_ / G);
-        each_tile<kTile>(p, j, r0, r1, y, ldy, [&](auto mt, const XQ* xq, const float* dx, const float* xs,
-                                                   const int16_t* is, const float* dsup, const float* o, float* yr,
-                                                   const float* less) {
-            constexpr int MT = decltype(mt)::value;
-            if constexpr (ACT == 8) tile_super<BITS, MT>(xq, dx, k_, xs, is, c, sub, dsup, o, yr, ldy, less);
-            else tile_a16<BITS, MT>(xq, dx, k_, xs, c, sub, dsup, o, yr, ldy);
-        });
+        feature_at(p, j, r0, r1, y, ldy, nullptr);
+    }
+
+    // Q4_K under int8: 8 features at a time, their minimums' terms for every row first (min_dot8: the
+    // same floats as min_dot, each operation for 8 features), then each feature's tiles.
+    void features(const Part& p, int64_t j0, int64_t j1, int64_t r0, int64_t r1, float* y,
+                  int64_t ldy) const override {
+        const int64_t supers = k_ / 256, groups = k_ / G;
+        int64_t j = j0;
+        if (int_mins_ && supers <= kMins8Supers && r1 - r0 <= kPromptRows)
+            for (; j + 8 <= j1; j += 8) {
+                float less8[kPromptRows * 8];
+                min_dot8(isums_.get() + r0 * groups, groups, dx_.get() + r0 * supers, supers, p.mins + j * groups,
+                         p.dmin + j * supers, r1 - r0, less8);
+                for (int f = 0; f < 8; ++f) feature_at(p, j + f, r0, r1, y, ldy, less8 + f);
+            }
+        for (; j < j1; ++j) feature_at(p, j, r0, r1, y, ldy, nullptr);
     }
 
 #ifndef __AVX512VNNI__
@@ -116,10 +129,24 @@ class SuperReader final : public Reader {
 #endif
 
    private:
+    // Feature j's rows [r0, r1); less8: Q4_K's minimums' terms of rows r0.. at stride 8, or null to compute.
+    void feature_at(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy, const float* less8) const {
+        const void* c = (const uint8_t*)p.codes + j * row_bytes<BITS>(k_);
+        const int8_t* sub = p.sub + j * (k_ / G);
+        each_tile<kTile>(p, j, r0, r1, y, ldy, [&](auto mt, const XQ* xq, const float* dx, const float* xs,
+                                                   const int16_t* is, const float* dsup, const float* o, float* yr,
+                                                   const float* less) {
+            constexpr int MT = decltype(mt)::value;
+            if constexpr (ACT == 8) tile_super<BITS, MT>(xq, dx, k_, xs, is, c, sub, dsup, o, yr, ldy, less);
+            else tile_a16<BITS, MT>(xq, dx, k_, xs, c, sub, dsup, o, yr, ldy);
+        }, less8);
+    }
+
     // Feature j's rows [r0, r1) in tiles: tile(MT, x, dx, group sums, integer group sums, dsup, offsets, y,
-    // Q4_K's integer minimums or null).
+    // Q4_K's integer minimums or null); less8 (row r0 + i's at less8[i * 8]): those minimums given.
     template <int T, class Tile>
-    void each_tile(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy, Tile tile) const {
+    void each_tile(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy, Tile tile,
+                   const float* less8 = nullptr) const {
         const int64_t supers = k_ / 256, groups = k_ / G;
         const float* o = int_mins_ || !p.offset ? nullptr : p.offset + j * groups;
         const float* dsup = p.dsup + j * supers;
@@ -128,7 +155,8 @@ class SuperReader final : public Reader {
             const int16_t* is = isums_ ? isums_.get() + r * groups : nullptr;
             const float* dx = dx_.get() + r * supers;
             float less[MT];
-            if (int_mins_) mins_of<MT>(p, j, is, dx, less);
+            for (int i = 0; less8 && i < MT; ++i) less[i] = less8[(r - r0 + i) * 8];
+            if (int_mins_ && !less8) mins_of<MT>(p, j, is, dx, less);
             tile(mt, xq_.get() + r * k_, dx, sums_ ? sums_.get() + r * groups : nullptr, is, dsup, o,
                  y + r * ldy + j, int_mins_ ? less : nullptr);
         });
@@ -176,6 +204,18 @@ inline bool same_reading(const Part& a, const Part& b) {
            !a.offset == !b.offset;
 }
 
+// run(p, a, b) for each run [a, b) of part p's features (numbered within the part) among the projection's
+// features [j0, j1).
+template <class Run>
+inline void part_runs(const std::vector<int64_t>& start, int64_t j0, int64_t j1, Run run) {
+    for (int64_t j = j0, p = 0; j < j1;) {
+        while (j >= start[p + 1]) ++p;
+        const int64_t e = std::min(j1, start[p + 1]);
+        run(p, j - start[p], e - start[p]);
+        j = e;
+    }
+}
+
 // A prompt's rows through every feature (tiles_prompt.h): each thread takes a tile of features, decodes
 // their weights once (or reads them packed, where a reader does not decode) and runs every row through
 // them, kPromptSpan rows at a time.
@@ -198,12 +238,18 @@ inline void run_prompt(const std::vector<const Reader*>& readers, const Part* pa
                 while (j >= start[p + 1]) ++p;
                 readers[p]->decode(parts[p], j - start[p], w.get() + (j - j0) * slot);
             }
-            for (int64_t r = 0; r < rows; r += kPromptSpan)
-                for (int64_t j = j0, p = 0; j < j1; ++j) {  // p follows j: no per-feature table of parts
-                    while (j >= start[p + 1]) ++p;
-                    readers[p]->decoded_feature(parts[p], j - start[p], w.get() + (j - j0) * slot, r,
-                                                std::min(r + kPromptSpan, rows), y + start[p], ldy);
-                }
+            for (int64_t r = 0; r < rows; r += kPromptSpan) {
+                const int64_t r1 = std::min(r + kPromptSpan, rows);
+                part_runs(start, j0, j1, [&](int64_t p, int64_t a, int64_t b) {
+                    if (!readers[p]->decoded_bytes(parts[p])) {
+                        readers[p]->features(parts[p], a, b, r, r1, y + start[p], ldy);
+                        return;
+                    }
+                    for (int64_t j = a; j < b; ++j)
+                        readers[p]->decoded_feature(parts[p], j, w.get() + (start[p] + j - j0) * slot, r, r1,
+                                                    y + start[p], ldy);
+                });
+            }
         }
     }
 }
@@ -229,12 +275,18 @@ inline int run_projection(const float* x, int64_t rows, int64_t k, const Part* p
         run_prompt(readers, parts, start, rows, k, y, ldy, threads);
         return 0;
     }
+    // rows in blocks whose x (int16 or int8) stays in L2; features in chunks on demand, a multiple of 8
     const bool wide = std::any_of(parts, parts + num_parts, [](const Part& p) { return p.act == 16; });
-    parallel_features(start[num_parts], rows, k, threads, [&](int64_t f, int64_t r0, int64_t r1) {
-        int64_t p = 0;
-        while (f >= start[p + 1]) ++p;
-        readers[p]->feature(parts[p], f - start[p], r0, r1, y + start[p], ldy);
-    }, wide ? 2 : 1);  // x as int16 or int8
+    const int64_t n = start[num_parts], block = row_block(k, wide ? 2 : 1);
+    const int64_t chunk = (chunk_size(n, threads) + 7) / 8 * 8, chunks = (n + chunk - 1) / chunk;
+    for (int64_t r0 = 0; r0 < rows; r0 += block) {
+        const int64_t r1 = std::min(r0 + block, rows);
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+        for (int64_t c = 0; c < chunks; ++c)
+            part_runs(start, c * chunk, std::min(n, (c + 1) * chunk), [&](int64_t p, int64_t a, int64_t b) {
+                readers[p]->features(parts[p], a, b, r0, r1, y + start[p], ldy);
+            });
+    }
     return 0;
 }
 

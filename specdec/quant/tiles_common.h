@@ -111,10 +111,10 @@ inline void row_tiles(int64_t r0, int64_t r1, Tile tile) {
 }
 
 // Runs feature(j, r0, r1) over every output feature j in [0, n) (in parallel), for rows in blocks of
-// `row_block` of x at `bytes` a value (each output's arithmetic never depends on the blocking: row_tiles).
+// `row_block` of float32 x (each output's arithmetic never depends on the blocking: row_tiles).
 template <class Feature>
-void parallel_features(int64_t n, int64_t rows, int64_t k, int threads, Feature feature, int64_t bytes = 4) {
-    const int64_t block = row_block(k, bytes);
+void parallel_features(int64_t n, int64_t rows, int64_t k, int threads, Feature feature) {
+    const int64_t block = row_block(k);
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         const int64_t r1 = r0 + block < rows ? r0 + block : rows;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, chunk_size(n, threads))

@@ -106,4 +106,67 @@ inline float min_dot(const int16_t* isum, const uint8_t* m, const float* dmin, c
     return hsum(acc) + tail;
 }
 
+// min_dot of 8 features at once, one a lane: feature f's minimums at m + f * groups, its dmin at
+// dmin + f * supers; `rows` rows (row i's isum at isum + i * groups, its dx at dx + i * supers) into
+// out[i * 8 + f]; k up to kMins8Supers super-blocks. Each lane takes min_dot's integers and float operations in min_dot's order (its 8
+// accumulator lanes are 8 vectors here, its horizontal sum their fixed tree), so the results are the
+// same; the minimums are transposed once for the rows, and each float operation serves 8 features.
+constexpr int64_t kMins8Supers = 64;  // k up to 16,384
+
+inline void min_dot8(const int16_t* isum, int64_t groups, const float* dx, int64_t supers, const uint8_t* m,
+                     const float* dmin, int64_t rows, float* out) {
+    __m256i w[kMins8Supers][4];  // super-block sb, its group pair l: 8 features' two minimums as int16
+    __m256 dm[kMins8Supers];
+    const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)supers));
+    for (int64_t sb = 0; sb < supers; ++sb) {
+        __m128i q[4];  // features 2i and 2i + 1: their 8 minimums of sb each
+        for (int i = 0; i < 4; ++i)
+            q[i] = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)(m + 2 * i * groups + 8 * sb)),
+                                      _mm_loadl_epi64((const __m128i*)(m + (2 * i + 1) * groups + 8 * sb)));
+        // a 16-bit word is a group pair's two minimums: transpose 8 features x 4 pairs
+        const __m128i t0 = _mm_unpacklo_epi16(q[0], q[1]), t1 = _mm_unpackhi_epi16(q[0], q[1]);
+        const __m128i t2 = _mm_unpacklo_epi16(q[2], q[3]), t3 = _mm_unpackhi_epi16(q[2], q[3]);
+        const __m128i u0 = _mm_unpacklo_epi16(t0, t1), u1 = _mm_unpackhi_epi16(t0, t1);
+        const __m128i u2 = _mm_unpacklo_epi16(t2, t3), u3 = _mm_unpackhi_epi16(t2, t3);
+        const __m128i pair[4] = {_mm_unpacklo_epi64(u0, u2), _mm_unpackhi_epi64(u0, u2), _mm_unpacklo_epi64(u1, u3),
+                                 _mm_unpackhi_epi64(u1, u3)};
+        for (int l = 0; l < 4; ++l) w[sb][l] = _mm256_cvtepu8_epi16(pair[l]);
+        dm[sb] = _mm256_i32gather_ps(dmin + sb, stride, 4);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+        const int16_t* is = isum + i * groups;
+        const float* d = dx + i * supers;
+        __m256 acc[8];  // min_dot's lane l of each feature
+        for (int l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
+        const auto lanes = [&](int64_t sb, int first, __m256* a) {  // super-block sb into lanes first..first + 3
+            const __m256 s = _mm256_mul_ps(dm[sb], _mm256_set1_ps(d[sb]));
+            for (int l = 0; l < 4; ++l) {
+                int32_t two;
+                __builtin_memcpy(&two, is + 8 * sb + 2 * l, 4);
+                const __m256i p = _mm256_madd_epi16(w[sb][l], _mm256_set1_epi32(two));
+                a[first + l] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), a[first + l]);
+            }
+        };
+        int64_t sb = 0;
+        for (; sb + 2 <= supers; sb += 2) {
+            lanes(sb, 0, acc);
+            lanes(sb + 1, 4, acc);
+        }
+        __m256 tail = _mm256_setzero_ps();
+        if (sb < supers) {
+            __m256i t = _mm256_setzero_si256();
+            for (int l = 0; l < 4; ++l) {
+                int32_t two;
+                __builtin_memcpy(&two, is + 8 * sb + 2 * l, 4);
+                t = _mm256_add_epi32(t, _mm256_madd_epi16(w[sb][l], _mm256_set1_epi32(two)));
+            }
+            tail = _mm256_mul_ps(_mm256_mul_ps(dm[sb], _mm256_set1_ps(d[sb])), _mm256_cvtepi32_ps(t));
+        }
+        // hsum's tree: (l0 + l4) + (l2 + l6), (l1 + l5) + (l3 + l7), then their sum
+        const __m256 h0 = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+        const __m256 h1 = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+        _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(_mm256_add_ps(h0, h1), tail));
+    }
+}
+
 }  // namespace
