@@ -108,16 +108,18 @@ inline float min_dot(const int16_t* isum, const uint8_t* m, const float* dmin, c
 
 // min_dot of 8 features at once, one a lane: feature f's minimums at m + f * groups, its dmin at
 // dmin + f * supers; `rows` rows (row i's isum at isum + i * groups, its dx at dx + i * supers) into
-// out[i * 8 + f]; k up to kMins8Supers super-blocks. Each lane takes min_dot's integers and float operations in min_dot's order (its 8
-// accumulator lanes are 8 vectors here, its horizontal sum their fixed tree), so the results are the
-// same; the minimums are transposed once for the rows, and each float operation serves 8 features.
+// out[i * 8 + f]; k up to kMins8Supers super-blocks. Each lane takes min_dot's integers and float
+// operations in min_dot's order (its 8 accumulator lanes are 8 vectors here, its horizontal sum their
+// fixed tree), so the results are the same; the minimums are transposed once for the rows, and each
+// float operation serves 8 features.
 constexpr int64_t kMins8Supers = 64;  // k up to 16,384
 
 inline void min_dot8(const int16_t* isum, int64_t groups, const float* dx, int64_t supers, const uint8_t* m,
                      const float* dmin, int64_t rows, float* out) {
     __m256i w[kMins8Supers][4];  // super-block sb, its group pair l: 8 features' two minimums as int16
     __m256 dm[kMins8Supers];
-    const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)supers));
+    const __m256i stride =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)supers));
     for (int64_t sb = 0; sb < supers; ++sb) {
         __m128i q[4];  // features 2i and 2i + 1: their 8 minimums of sb each
         for (int i = 0; i < 4; ++i)

@@ -248,8 +248,8 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
                     __m256i even, odd;
                     split_words(u[2 * q], u[2 * q + 1], &even, &odd);
                     const __m256i sc = split_scales(s + 8 * h + 4 * q);
-                    for (int r = 0; r < MT; ++r)
-                        sum[r] = _mm256_add_epi32(sum[r], split_dot(even, odd, xq + r * k + sb * 256 + 128 * h + 64 * q, sc));
+                    const int8_t* x = xq + sb * 256 + 128 * h + 64 * q;
+                    for (int r = 0; r < MT; ++r) sum[r] = _mm256_add_epi32(sum[r], split_dot(even, odd, x + r * k, sc));
                 }
             }
             unsigned6_correction<MT>(isums, k, sb, s, sum);

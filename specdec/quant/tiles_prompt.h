@@ -1,8 +1,8 @@
 // Prompt tiles (32 rows and more): each thread takes a tile of features and runs every row of the call
 // through it. With int8 activations on AVX2, Q6_K's weights are first decoded once into the vectors the
-// products read (6-bit codes as bytes split by split_words, each 64 values' group scales as int16); the integer sums
-// land in the same lanes as tile_super's, and span_tile flushes and finishes them as it does, so every
-// row's output is bitwise the decode path's.
+// products read (6-bit codes as bytes split by split_words, each 64 values' group scales as int16); the
+// integer sums land in the same lanes as tile_super's, and span_tile flushes and finishes them as it
+// does, so every row's output is bitwise the decode path's.
 #pragma once
 #include "tiles_int8_x.h"
 
