@@ -49,9 +49,9 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                              "OpenVINO GenAI's prompt lookup"),
     "bench-draft-192-zen3": ("2026-12-05", "zen3", "issue 42's bench: plain, the draft model under the cost "
                              "model and the hybrid beside llama.cpp and OpenVINO GenAI's speculation, 192 tokens"),
-    "bench-steps-rows-zen3": ("2026-12-05", "zen3", "verification rows with x at its own width and Q6_K's "
-                              "scales in one multiply: the draft's and the target's forwards by new rows "
-                              "beside llama.cpp's, against the int8 peak measured in assembly"),
+    "bench-steps-rows-zen3": ("2026-12-05", "zen3", "after the row-block, Q6_K and minimums changes: the "
+                              "draft's and the target's forwards by new rows beside llama.cpp's, against the "
+                              "int8 peak measured in assembly"),
     "bench-steps-prompt-tiles-zen3": ("2026-12-05", "zen3", "prompt tiles: the draft's and the target's forwards "
                                       "by new rows beside llama.cpp's, against the int8 peak measured in assembly"),
     "bench-decode-zen3": ("2026-12-05", "zen3", "plain decoding, the draft model and suffix beside llama.cpp on "
