@@ -242,10 +242,8 @@ def test_q4_k_minimums_eight_features_at_once_are_bitwise_one_at_a_time(supers):
     cols = 256 * supers
     t = QuantTensor.from_codes(decode(_random_blocks(Q.Q4_K, np.random.default_rng(supers), 13, cols), Q.Q4_K,
                                       13, cols))
-    one = lambda i: QuantTensor(t.bits, t.group, *(None if a is None else a[i:i + 1].contiguous() for a in  # noqa: E731
-                                (t.codes, t.scale, t.offset)), cols, t.super_scale[i:i + 1].contiguous(),
-                                t.super_min[i:i + 1].contiguous())
-    whole, alone = QuantLinear([t], 8), QuantLinear([one(i) for i in range(13)], 8)
+    whole = QuantLinear([t], 8)
+    alone = QuantLinear([whole.select_rows(torch.tensor([i])).parts[0] for i in range(13)], 8)
     assert whole.mins[0] is not None
     x = torch.randn(40, cols, generator=torch.Generator().manual_seed(supers)) * 4
     for rows in (1, 2, 5, 9, 17, 31, 40):

@@ -234,10 +234,11 @@ inline void run_prompt(const std::vector<const Reader*>& readers, const Part* pa
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tiles; ++t) {
             const int64_t j0 = t * f, j1 = std::min(j0 + f, n);
-            for (int64_t j = j0, p = 0; slot && j < j1; ++j) {
-                while (j >= start[p + 1]) ++p;
-                readers[p]->decode(parts[p], j - start[p], w.get() + (j - j0) * slot);
-            }
+            if (slot)
+                part_runs(start, j0, j1, [&](int64_t p, int64_t a, int64_t b) {
+                    for (int64_t j = a; j < b; ++j)
+                        readers[p]->decode(parts[p], j, w.get() + (start[p] + j - j0) * slot);
+                });
             for (int64_t r = 0; r < rows; r += kPromptSpan) {
                 const int64_t r1 = std::min(r + kPromptSpan, rows);
                 part_runs(start, j0, j1, [&](int64_t p, int64_t a, int64_t b) {

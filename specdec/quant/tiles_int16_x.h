@@ -138,30 +138,24 @@ inline void min_dot8(const int16_t* isum, int64_t groups, const float* dx, int64
     for (int64_t i = 0; i < rows; ++i) {
         const int16_t* is = isum + i * groups;
         const float* d = dx + i * supers;
+        const auto pair = [&](int64_t sb, int l) {  // each feature's m . isum over group pair l of sb
+            int32_t two;
+            __builtin_memcpy(&two, is + 8 * sb + 2 * l, 4);
+            return _mm256_madd_epi16(w[sb][l], _mm256_set1_epi32(two));
+        };
         __m256 acc[8];  // min_dot's lane l of each feature
         for (int l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
-        const auto lanes = [&](int64_t sb, int first, __m256* a) {  // super-block sb into lanes first..first + 3
-            const __m256 s = _mm256_mul_ps(dm[sb], _mm256_set1_ps(d[sb]));
-            for (int l = 0; l < 4; ++l) {
-                int32_t two;
-                __builtin_memcpy(&two, is + 8 * sb + 2 * l, 4);
-                const __m256i p = _mm256_madd_epi16(w[sb][l], _mm256_set1_epi32(two));
-                a[first + l] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), a[first + l]);
-            }
-        };
         int64_t sb = 0;
-        for (; sb + 2 <= supers; sb += 2) {
-            lanes(sb, 0, acc);
-            lanes(sb + 1, 4, acc);
-        }
+        for (; sb + 2 <= supers; sb += 2)  // sb into lanes 0-3, sb + 1 into lanes 4-7
+            for (int h = 0; h < 2; ++h) {
+                const __m256 s = _mm256_mul_ps(dm[sb + h], _mm256_set1_ps(d[sb + h]));
+                for (int l = 0; l < 4; ++l)
+                    acc[4 * h + l] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(pair(sb + h, l)), acc[4 * h + l]);
+            }
         __m256 tail = _mm256_setzero_ps();
         if (sb < supers) {
             __m256i t = _mm256_setzero_si256();
-            for (int l = 0; l < 4; ++l) {
-                int32_t two;
-                __builtin_memcpy(&two, is + 8 * sb + 2 * l, 4);
-                t = _mm256_add_epi32(t, _mm256_madd_epi16(w[sb][l], _mm256_set1_epi32(two)));
-            }
+            for (int l = 0; l < 4; ++l) t = _mm256_add_epi32(t, pair(sb, l));
             tail = _mm256_mul_ps(_mm256_mul_ps(dm[sb], _mm256_set1_ps(d[sb])), _mm256_cvtepi32_ps(t));
         }
         // hsum's tree: (l0 + l4) + (l2 + l6), (l1 + l5) + (l3 + l7), then their sum
