@@ -143,7 +143,7 @@ def test_steps_bench_times_rows_per_model_and_precision(tmp_path, monkeypatch, c
 def test_steps_bench_states_integer_modes_against_the_machines_peaks(tmp_path, monkeypatch, tiny_qwen):
     """An integer mode on a real (tiny) GGUF: the read bandwidth and the int8 peak are measured, and
     every forward gets its bound (the larger of the weights' read time and its multiply-adds' time)."""
-    from specdec.bench import steps
+    from specdec.bench import bandwidth, steps
     from specdec.models.loader import load_model
     from specdec.quant import kernel, kv_format
     if not kernel.available():
@@ -151,8 +151,8 @@ def test_steps_bench_states_integer_modes_against_the_machines_peaks(tmp_path, m
     name = str(tiny_qwen)
     monkeypatch.setattr(steps, "SHAPES", {name: load_model(name, "float32", progress=False).config})
     out = tmp_path / "steps.json"
-    assert main(["bench", "steps", "--shapes", name, "--precisions", "int4-a8,int4-a8:kv=float16,int4-a8:kv=int8",
-                 "--rows", "1,2,9",
+    assert main(["bench", "steps", "--shapes", name, "--precisions",
+                 "int4-a8,int4-a8:kv=float16,int4-a8:kv=int8,int4-a8:vocab=64", "--rows", "1,2,9",
                  "--context", "16", "--repeats", "1", "--out", str(out), "--plot", ""]) == 0
     report = json.loads(out.read_text())
     peaks = report["peaks"]
@@ -164,11 +164,19 @@ def test_steps_bench_states_integer_modes_against_the_machines_peaks(tmp_path, m
     assert work["kv_bytes"] == 2 * work16["kv_bytes"] > 0     # auto: float32 K/V (no measurement of this model)
     width = kv_format.row_width(torch.int8, d)                                  # codes and their scales
     assert work8["kv_bytes"] == pytest.approx(work["kv_bytes"] * width / (4 * d), abs=1)
+    cfg = load_model(name, "float32", progress=False).config
+    sub = report["work_per_step"][f"{name} int4-a8:vocab=64"]   # an output layer of 64 rows, as held
+    head = load_model(name, "int4-a8", progress=False).weights["embed" if cfg.tie_embeddings else "lm_head"]
+    assert work["bytes"] - sub["bytes"] == pytest.approx(bandwidth._nbytes(head) * (1 - 64 / cfg.vocab_size), rel=0.01)
     for r in report["results"]:
-        w = {"kv=float16": work16, "kv=int8": work8}.get(r["precision"].rpartition(":")[2], work)
+        w = {"kv=float16": work16, "kv=int8": work8, "vocab=64": sub}.get(r["precision"].rpartition(":")[2], work)
         assert r["bound_ms"] == pytest.approx(steps.bound_ms(w, r["rows"], peaks)) and r["x_bound"] > 0
         assert (r["r"] is None) == (r["rows"] == 1)
     assert main(["bench", "steps", "--precisions", "int4-a8:kv=fp8", "--out", str(tmp_path / "x.json")]) == 2
+    assert main(["bench", "steps", "--precisions", "int4-a8:vocab=0", "--out", str(tmp_path / "x.json")]) == 2
+    # a draft's own options price it against the target as it runs
+    assert steps._target_setting("int4-a8:q4_1:vocab=64:kv=float16") == "int4-a8:kv=float16"
+    assert steps._options("int4-a8:q4_1:vocab=64") == ("int4-a8", "q4_1", "auto", 64)
 
 
 def test_attention_bench_states_each_format_against_the_read_bandwidth(tmp_path, monkeypatch):

@@ -77,6 +77,24 @@ def test_default_draft_precision_follows_the_default_mode(capsys, tiny_qwen, tin
     assert json.loads(out.splitlines()[0])["stats"]["precision"] == DEFAULT_PRECISION
 
 
+def test_draft_vocabulary_and_requantization_flags(capsys, tiny_qwen, tiny_llama):
+    """auto by default for both; all / none turn them off; a bad count is refused before loading."""
+    from specdec.cli import build_parser
+    from specdec.commands.args import speculative_config
+
+    def draft(flags: list[str]):
+        a = build_parser().parse_args(["generate", "--model", str(tiny_qwen), "--draft", str(tiny_llama), *flags, "hi"])
+        d = speculative_config(a).draft
+        return d.vocab_size, d.requantize
+
+    assert draft([]) == ("auto", "auto")
+    assert draft(["--draft-vocab", "all", "--draft-requantize", "none"]) == (None, None)
+    assert draft(["--draft-vocab", "4096", "--draft-requantize", "q4_1"]) == (4096, "q4_1")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--draft-vocab", "many", "hi"])
+    assert "auto or all" in capsys.readouterr().err
+
+
 def test_generate_plain_text_and_chat(capsys, tiny_qwen):
     code, out, err = run(capsys, "generate", "--model", tiny_qwen, "--chat", "--max-tokens", 3, "hi")
     assert code == 0 and "tokens/s" in err and "finish=" in err

@@ -234,8 +234,11 @@ def test_a_requantized_draft_packs_its_wide_matrices_at_4_bits(home, tiny_llama)
     assert narrowed > 0
     from specdec.config import DRAFT_REQUANTIZE
     from specdec.models.gguf_packed import REQUANT
-    assert set(DRAFT_REQUANTIZE) == {None, *REQUANT}  # the config's choices are the packer's
+    assert set(DRAFT_REQUANTIZE) == {None, "auto", *REQUANT}  # the config's choices are the packer's
     assert load_model(str(tiny_llama), "int4-a8", progress=False, requant="q4_1").cache_hit
+    # auto: requantized where an int4 mode meets wide matrices, the file's blocks elsewhere
+    assert load_model(str(tiny_llama), "int4-a8", progress=False, requant="auto").requantized == "q4_1"
+    assert load_model(str(tiny_llama), "float32", progress=False, requant="auto").requantized is None
     with pytest.raises(ValueError, match="int4 precision"):
         load_model(str(tiny_llama), "float32", progress=False, requant="q4_1")
     with pytest.raises(ValueError, match="requantize must be one of"):

@@ -7,6 +7,7 @@ from conftest import cpu_precision, engine_config
 
 from specdec.config import ControllerConfig, DraftConfig, SpeculativeConfig
 from specdec.llm import LLM
+from specdec.quant.layers import linear
 from specdec.sampling_params import SamplingParams
 from specdec.speculation.controller import SpecController
 from specdec.speculation.proposers.ngram import ngram_lookup
@@ -316,18 +317,18 @@ def test_abort_frees_both_pools(tiny_qwen, tiny_llama):
 
 @pytest.mark.parametrize("precision", ["float32", "int4"])
 def test_subvocab_draft_is_lossless_and_scores_only_its_tokens(tiny_qwen, tiny_llama, precision):
-    """A draft restricted to a frequent-token sub-vocabulary: cheaper output layer, never proposes a
-    token outside it, and speculative greedy output still equals plain."""
+    """A draft restricted to a frequent-token sub-vocabulary: cheaper output layer, scores no token
+    outside it but the request's own, and speculative greedy output still equals plain."""
     import torch
     cpu_precision(precision)
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     plain = LLM(config=engine_config(str(tiny_qwen), precision=precision), progress=False)
-    ref = tokens(plain, params)
     cfg = engine_config(str(tiny_qwen), precision=precision)
     cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
                                         policy="fixed", draft=DraftConfig(vocab_size=256))
     llm = LLM(config=cfg, progress=False)
-    model = llm.engine.speculator.proposers[llm.engine.speculator.default_id].runner.model
+    proposer = llm.engine.speculator.proposers[llm.engine.speculator.default_id]
+    model = proposer.runner.model
     ids = model.vocab_ids
     vocab = model.cfg.vocab_size
     assert ids is not None and len(ids) == 256 < vocab and torch.equal(ids, ids.sort().values)
@@ -338,11 +339,64 @@ def test_subvocab_draft_is_lossless_and_scores_only_its_tokens(tiny_qwen, tiny_l
     outside[ids] = False
     assert logits.shape == (model.row_align, vocab) and torch.isinf(logits[:, outside]).all()
     assert torch.isfinite(logits[:, ids]).all()
-    assert tokens(llm, params) == ref
-    sampled = llm.generate(PROMPTS, SamplingParams(max_tokens=20, temperature=1.0, seed=3, ignore_eos=True))
+    # and a prompt of tokens outside it, which that request's draft then scores too
+    outside[proposer.runner.never_sample] = False
+    prompts = [*PROMPTS, outside[:proposer.vocab_size].nonzero()[:12, 0].tolist()]
+    ref = tokens(plain, params, prompts)
+    request_vocab, widened = proposer.request_vocab, []
+    take_in = request_vocab.take_in
+    request_vocab.take_in = lambda rid, *text: (take_in(rid, *text),
+                                                widened.append(request_vocab._requests[rid].ids is not None))
+    greedy = llm.generate(prompts, params)
+    assert [o.token_ids for o in greedy] == ref and any(widened)
+    sampled = llm.generate(prompts, SamplingParams(max_tokens=20, temperature=1.0, seed=3, ignore_eos=True))
     assert all(len(o.token_ids) == 20 for o in sampled)
-    assert sum(o.stats.drafted_tokens for o in sampled) > 0
+    assert all(o.stats.drafted_tokens > 0 for o in greedy + sampled)  # no proposer failure
     assert_all_free(llm)
+
+
+@pytest.mark.parametrize("precision", ["float32", "int4"])
+def test_a_subvocab_draft_also_scores_each_requests_own_tokens(tiny_qwen, tiny_llama, precision):
+    """Tokens of a request's prompt and output outside the sub-vocabulary get the full output layer's
+    logits for that request only; never-sample ids stay unscored."""
+    import torch
+    cpu_precision(precision)
+    cfg = engine_config(str(tiny_qwen), precision=precision)
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
+                                        policy="fixed", draft=DraftConfig(vocab_size=256))
+    llm = LLM(config=cfg, progress=False)
+    proposer = llm.engine.speculator.proposers[llm.engine.speculator.default_id]
+    model, vocab = proposer.runner.model, proposer.request_vocab
+    hidden = torch.randn(model.row_align, model.cfg.hidden_size)
+    restricted = model.compute_logits(hidden)[0]
+    full = linear(hidden, vocab.full, options=model.options)[0].float()
+    never = proposer.runner.never_sample.tolist()
+    inside = set(model.vocab_ids.tolist())
+    outside = [t for t in range(proposer.vocab_size) if t not in inside and t not in never]
+    a, b, c = outside[:3]
+    vocab.take_in("a", [a, b, a, never[0], min(inside)], [])   # one already scored, one never to be
+    vocab.take_in("a", [a, b], [c])                           # the prompt once; only new output after
+    row = restricted.clone()
+    vocab.score("a", row, hidden[0])
+    assert torch.equal(row[[a, b, c]], full[[a, b, c]])
+    assert torch.isinf(row[never[0]]) and vocab._requests["a"].ids.tolist() == [a, b, c]
+    assert (row != restricted).nonzero()[:, 0].tolist() == [a, b, c]
+    other = restricted.clone()
+    vocab.score("b", other, hidden[0])   # another request: its own tokens only
+    assert torch.equal(other, restricted)
+    # an output that keeps falling outside what was scored: the whole vocabulary from then on
+    text = [min(inside)] * 6 + outside[3:6]   # 3 of 9 outside (0.33 > MAX_MISSED)
+    vocab.take_in("z", [], text[:7])
+    assert not vocab.whole("z")
+    vocab.take_in("z", [], text)
+    assert vocab.whole("z")
+    row = restricted.clone()
+    vocab.score("z", row, hidden[0])
+    expect = full.clone()
+    expect[proposer.runner.never_sample] = float("-inf")
+    assert torch.equal(row, expect)
+    vocab.free("a")
+    assert "a" not in vocab._requests
 
 
 @pytest.mark.parametrize("target_precision, draft_precision", [("float32", "int4-a8"), ("int4", "float32"),
@@ -378,8 +432,30 @@ def test_draft_precision_is_validated(tiny_qwen):
 
 
 def test_draft_vocab_size_is_validated():
-    with pytest.raises(ValueError, match=r"draft\.vocab_size"):
-        SpeculativeConfig(draft=DraftConfig(vocab_size=10))
+    for bad in (10, "most", 4096.0):
+        with pytest.raises(ValueError, match=r"draft\.vocab_size"):
+            SpeculativeConfig(draft=DraftConfig(vocab_size=bad))
+
+
+def test_auto_sub_vocabulary_where_it_cuts_a_tenth_of_a_draft_step(tiny_qwen, monkeypatch):
+    """`vocab_size: auto` scores AUTO_SIZE tokens where the rows left out are a tenth or more of a draft
+    step's multiply-adds, the whole vocabulary elsewhere (and always when it is no larger)."""
+    import math
+
+    import torch
+    from specdec.models.llama import LlamaModel
+    from specdec.models.loader import load_model
+    from specdec.speculation.proposers import subvocab
+    loaded = load_model(str(tiny_qwen), "float32", progress=False)
+    cfg = loaded.config
+    model = LlamaModel(cfg, loaded.weights, 64, torch.device("cpu"))
+    layers = sum(math.prod(w.shape) for n, w in loaded.weights.items() if n.startswith("layers.") and w.dim() == 2)
+    monkeypatch.setattr(subvocab, "AUTO_SIZE", 64)
+    share = (cfg.vocab_size - 64) * cfg.hidden_size / (layers + cfg.vocab_size * cfg.hidden_size)
+    for cut, expect in ((share * 0.99, 64), (share * 1.01, None)):
+        monkeypatch.setattr(subvocab, "AUTO_MIN_CUT", cut)
+        assert subvocab.auto_vocab_size(model, cfg.vocab_size) == expect
+    assert subvocab.auto_vocab_size(model, 64) is None
 
 
 def test_self_auto_refuses_a_model_too_shallow_to_skip(tiny_qwen):

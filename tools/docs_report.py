@@ -43,6 +43,12 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-steps-draft-variants-zen3": ("2026-12-05", "zen3", "the draft's one-row and five-row steps as the file "
+                                        "holds it, requantized to 4 bits, with a 32k-token output layer, and both"),
+    "bench-draft-variants-zen3": ("2026-12-05", "zen3", "the draft model at k = 4 on every shipped set: the new "
+                                  "default, the file's draft, 4 bits only, the sub-vocabulary only"),
+    "bench-draft-cheap-zen3": ("2026-12-05", "zen3", "issue 42's bench with the cheaper default draft beside the "
+                               "file's draft, the hybrid, llama.cpp and OpenVINO GenAI's speculation, 192 tokens"),
     "bench-peers-zen3": ("2026-12-05", "zen3", "int4-a8 (auto) beside llama.cpp and OpenVINO GenAI, their "
                          "speculation included, on three sets"),
     "bench-code-edit-zen3": ("2026-12-05", "zen3", "code edits of 256 tokens: suffix and n-gram beside llama.cpp's and "
@@ -190,6 +196,8 @@ SOURCES: dict[str, tuple[str, str, str]] = {
 ARM_LABELS = {
     "plain": "plain", "draft_fixed": "draft, fixed k", "draft_cost_model": "draft, cost model",
     "ngram": "n-gram, cost model", "ngram_fixed": "n-gram, fixed k",
+    "draft_file_fixed": "draft as the file holds it, all tokens, fixed k",
+    "draft_file_cost_model": "draft as the file holds it, all tokens, cost model",
     "draft_subvocab_fixed": "draft (32k sub-vocabulary), fixed k",
     "draft_subvocab_cost_model": "draft (32k sub-vocabulary), cost model",
     "draft_q4_fixed": "draft requantized to 4 bits, fixed k",

@@ -37,7 +37,10 @@ ARMS = {
     "ngram_fixed": ("ngram", "fixed"),
     "suffix": ("suffix", "cost_model"),
     "hybrid": ("hybrid", "cost_model"),
-    # the draft model scoring a 32k-token sub-vocabulary (speculation/proposers/subvocab.py)
+    # the draft as the file holds it, scoring the whole vocabulary (the defaults' `auto`s turned off)
+    "draft_file_fixed": ("draft_model", "fixed"),
+    "draft_file_cost_model": ("draft_model", "cost_model"),
+    # the file's draft scoring a 32k-token sub-vocabulary (speculation/proposers/subvocab.py)
     "draft_subvocab_fixed": ("draft_model", "fixed"),
     "draft_subvocab_cost_model": ("draft_model", "cost_model"),
     # the draft model requantized to 4 bits at pack time (models/gguf_packed.py, REQUANT)
@@ -59,7 +62,7 @@ def _arm_llm(name: str, a, target, draft):
         method, policy = ARMS[name]
         spec = SpeculativeConfig(method=method, draft_model=draft.name if _needs_draft(name) else None,
                                  num_speculative_tokens=a.k, policy=policy,
-                                 draft=DraftConfig(vocab_size=SUBVOCAB_SIZE if "subvocab" in name else None,
+                                 draft=DraftConfig(vocab_size=_vocab(name),
                                                    precision=draft.precision if draft else None,
                                                    requantize=draft.requantized if draft else None))
     cfg = EngineConfig(model=ModelConfig(model=target.name, precision=target.precision, device=a.device,
@@ -71,7 +74,17 @@ def _arm_llm(name: str, a, target, draft):
 
 
 def _requant(arm: str) -> str | None:
-    return REQUANT_ARMS if arm.startswith("draft_q4") else None
+    """How the arm's draft is packed: the defaults' auto, or the file's blocks, or q4_1."""
+    if arm.startswith("draft_q4"):
+        return REQUANT_ARMS
+    return None if arm.startswith(("draft_file", "draft_subvocab")) else "auto"
+
+
+def _vocab(arm: str) -> int | str | None:
+    """What the arm's draft scores: the defaults' auto, all, or the 32k sub-vocabulary."""
+    if "subvocab" in arm:
+        return SUBVOCAB_SIZE
+    return None if arm.startswith(("draft_file", "draft_q4")) else "auto"
 
 
 def _needs_draft(arm: str) -> bool:

@@ -16,6 +16,7 @@ and its compute time (n rows' multiply-adds at the int8 peak the kernels' own in
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -72,23 +73,33 @@ def _weights(name: str, precision: str, device: torch.device) -> tuple[LlamaConf
     if device.type != "cpu":
         raise ValueError(f"precision {precision} runs on the CPU only")
     from specdec.models.loader import load_model
-    mode, requant, _ = _options(precision)
+    mode, requant, _, _ = _options(precision)
     loaded = load_model(name, mode, "cpu", progress=False, pull=True, requant=requant)
     return loaded.config, loaded.weights
 
 
-def _options(precision: str) -> tuple[str, str | None, str]:
-    """'int4-a8', 'int4-a8:q4_1' (requantized at pack time, as drafts may be), either with ':kv=float32'
-    or ':kv=float16' last (a K/V cache format other than auto's) -> (mode, requant or None, kv choice)."""
+def _options(precision: str) -> tuple[str, str | None, str, int | None]:
+    """'int4-a8', 'int4-a8:q4_1' (requantized at pack time, as drafts may be), then ':vocab=N' (an
+    output layer of N rows, as a draft's sub-vocabulary), then ':kv=float32|float16|int8' (a K/V cache
+    format other than auto's) -> (mode, requant or None, kv choice, vocab rows: None for all, -1 if bad)."""
     rest, kv = split_kv(precision)
+    rest, found, vocab = rest.partition(":vocab=")
     mode, _, requant = rest.partition(":")
-    return mode, requant or None, kv
+    rows = None if not found else int(vocab) if vocab.isdigit() and int(vocab) > 0 else -1
+    return mode, requant or None, kv, rows
+
+
+def _target_setting(precision: str) -> str:
+    """The target's setting to price a draft setting against: without the draft-only options."""
+    mode, _, kv, _ = _options(precision)
+    return f"{mode}:kv={kv}" if ":kv=" in precision else mode
 
 
 def _int_mode(precision: str) -> bool:
-    """An integer CPU mode, possibly requantized or with its K/V cache format set."""
-    mode, requant, kv = _options(precision)
-    return mode in INT_MODES and (requant is None or requant in REQUANT) and kv in KV_CACHE_DTYPES
+    """An integer CPU mode, possibly requantized, with a sub-vocabulary or with its K/V cache format set."""
+    mode, requant, kv, vocab = _options(precision)
+    return (mode in INT_MODES and (requant is None or requant in REQUANT) and kv in KV_CACHE_DTYPES
+            and (vocab is None or vocab > 0))
 
 
 def _kernel_available() -> bool:
@@ -139,12 +150,16 @@ class EngineRows:
     """Forwards of n new rows of one sequence after `context` tokens, through the engine's ModelRunner."""
 
     def __init__(self, cfg: LlamaConfig, weights: dict, device: torch.device, rows: list[int], context: int,
-                 kv_dtype: torch.dtype | None = None) -> None:
+                 kv_dtype: torch.dtype | None = None, vocab: int | None = None) -> None:
+        """`vocab`: score only the first this many tokens (the price of a draft's sub-vocabulary)."""
         block_size = 16
         blocks = -(-(context + max(rows)) // block_size)
         self.device, self.context = device, context
-        self.runner = ModelRunner(LlamaModel(cfg, weights, context + max(rows) + 1, device), blocks, block_size,
-                                  device, kv_dtype=kv_dtype)
+        model = LlamaModel(cfg, weights, context + max(rows) + 1, device)
+        if vocab is not None and vocab < cfg.vocab_size:  # the embedding table, if tied, is then looked up only
+            model.restrict_vocab(torch.arange(vocab))
+            weights, cfg = {**weights, "lm_head": model.lm_head}, dataclasses.replace(cfg, tie_embeddings=False)
+        self.runner = ModelRunner(model, blocks, block_size, device, kv_dtype=kv_dtype)
         kv = self.runner.kv_dtype
         per_value = kv_format.row_width(kv, cfg.head_dim) * kv.itemsize / cfg.head_dim  # an int8 row holds its scale
         self.work = work_per_step(cfg, weights, context, per_value)
@@ -200,12 +215,12 @@ def _setting(name: str, precision: str, device: torch.device, rows: list[int], c
     if precision == PEER:
         return LlamaCppRows(name, rows, context)
     cfg, weights = _weights(name, precision, device)
-    mode, _, kv = _options(precision)
+    mode, _, kv, vocab = _options(precision)
     if kv == "auto" and _int_mode(precision):  # as the engine resolves it: the format measured for the mode
         from specdec.models.loader import gguf_identity
         from specdec.quant.criterion import auto_kv_choice
         kv = (auto_kv_choice(gguf_identity(name), mode) or ("auto",))[0]
-    return EngineRows(cfg, weights, device, rows, context, kv_cache_dtype(kv))
+    return EngineRows(cfg, weights, device, rows, context, kv_cache_dtype(kv), vocab)
 
 
 def time_settings(settings: dict, rows: list[int], repeats: int) -> dict:
@@ -255,11 +270,13 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
         print(f"  {r['model']} {r['precision']} {r['rows']:4d} rows: {r['ms']:9.2f} ms [{r['ms_min']:.2f}-"
               f"{r['ms_max']:.2f}]  {r['vs_first_row_count']:.2f}x one row{price}{bound}", file=sys.stderr, flush=True)
     cost_ratios = {}
+    one_row = {(r["precision"], r["model"]): r["ms"] for r in results if r["rows"] == rows[0]}
     for precision in precisions:
-        by_model = {r["model"]: r["ms"] for r in results if r["precision"] == precision and r["rows"] == rows[0]}
-        if len(models) > 1:
+        if len(models) > 1:  # a requantized or sub-vocabulary draft against the target as it runs
             draft, target = models[0], models[-1]
-            cost_ratios[precision] = {"draft": draft, "target": target, "c": by_model[draft] / by_model[target]}
+            priced = _target_setting(precision) if (_target_setting(precision), target) in one_row else precision
+            cost_ratios[precision] = {"draft": draft, "target": target, "target_precision": priced,
+                                      "c": one_row[(precision, draft)] / one_row[(priced, target)]}
     report = {"device": device, "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "threads": torch.get_num_threads(), "context": context, "repeats": repeats,
               "weights": "the real files" if all(_int_mode(p) or p == PEER for p in precisions)
@@ -318,7 +335,8 @@ def run_steps_bench(a) -> dict:
     rows = [int(n) for n in a.rows.split(",")]
     if bad or a.context < 1 or a.repeats < 1 or min(rows) < 1:
         raise ValueError(f"steps: precisions from {', '.join((*DTYPES, *INT_MODES, PEER))} (an int4 mode may add "
-                         f":{'|'.join(REQUANT)}, requantized as a draft may be, and :kv=float32|float16|int8), "
+                         f":{'|'.join(REQUANT)}, requantized as a draft may be, :vocab=N, a sub-vocabulary's output layer, "
+                         "and :kv=float32|float16|int8), "
                          "--context, --repeats and --rows >= 1")
     require_plotting(a.plot, "specdec bench steps")
     return run(a.shapes.split(","), precisions, a.device, rows, a.context, a.repeats, a.out, a.plot or None)

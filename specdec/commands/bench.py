@@ -48,7 +48,8 @@ _FLAGS: list[tuple[tuple[str, ...], dict, tuple[str, ...]]] = [
     (("--draft-precision",), dict(choices=PRECISIONS, default=None, help=DRAFT_PRECISION_HELP),
      ("spec", "serve", "structured")),
     (("--arms",), dict(default=None, help="spec: plain,draft_fixed,draft_cost_model,ngram,suffix,hybrid"
-                                          "[,ngram_fixed,draft_q4_*,draft_subvocab_*]; serve: "
+                                          "[,ngram_fixed,draft_file_*,draft_q4_*,draft_subvocab_*]; "
+                                          "serve: "
                                           "plain,draft[,ngram,suffix,hybrid]"),
      ("spec", "serve", "structured", "replicas", "affinity")),
     (("--sets",), dict(default=",".join(SETS), help="prompt sets (spec: each run in file order through one "
@@ -72,7 +73,8 @@ _FLAGS: list[tuple[tuple[str, ...], dict, tuple[str, ...]]] = [
     (("--precisions",), dict(default=None, help="precision: the modes compared with float32 (default "
                                                 "int4,int4-a16,int4-a8); steps: the precisions timed (default "
                                                 "float32,bfloat16; int4 modes load the real models, and may "
-                                                "add :q4_1 for a requantized draft; llama.cpp)"),
+                                                "add :q4_1 for a requantized draft and :vocab=N for a "
+                                                "sub-vocabulary's output layer; llama.cpp)"),
      ("precision", "steps")),
     (("--shapes",), dict(default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct",
                          help="the models timed (random weights of their shapes, but for int4 modes), the "

@@ -53,7 +53,7 @@ class SuffixConfig:
             raise ValueError(f"suffix.max_scopes must be >= 1, got {self.max_scopes}")
 
 
-DRAFT_REQUANTIZE = (None, "q4_1")  # gguf_packed.REQUANT's keys
+DRAFT_REQUANTIZE = (None, "auto", "q4_1")  # None, "auto" and gguf_packed.REQUANT's keys
 
 
 @dataclass
@@ -62,10 +62,13 @@ class DraftConfig:
     # the draft's precision (None: the target's). Losslessness never depends on the draft's numbers,
     # so a fast int4-a8 draft can serve an exact float32 target.
     precision: str | None = None
-    vocab_size: int | None = None          # score only this many frequent tokens (None: all)
+    # score only this many frequent tokens, and each request's own (None: all; "auto": 32,768 where
+    # that cuts a tenth or more of a draft step's multiply-adds; speculation/proposers/subvocab.py)
+    vocab_size: int | str | None = "auto"
     # int4 modes: the draft's 8-bit-held matrices (Q5_0, Q8_0) requantized to 4 bits at pack time
-    # ("q4_1"; None: the file's blocks): a cheaper draft step for some acceptance
-    requantize: str | None = None
+    # ("q4_1"; None: the file's blocks; "auto": q4_1 under int4 modes where the file holds such matrices):
+    # a cheaper draft step for a little acceptance
+    requantize: str | None = "auto"
     extra_models: list[str] = field(default_factory=list)  # more draft models, loaded on first use
     idle_seconds: float | None = 600.0     # unload a lazily loaded draft idle this long (None: never)
 
@@ -73,9 +76,9 @@ class DraftConfig:
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"draft.precision must be one of {PRECISIONS} (or null: the target's), "
                              f"got {self.precision!r}")
-        if self.vocab_size is not None and self.vocab_size < 256:
-            raise ValueError(f"draft.vocab_size must be >= 256 (or null for the full vocabulary), "
-                             f"got {self.vocab_size}")
+        if self.vocab_size not in (None, "auto") and (type(self.vocab_size) is not int or self.vocab_size < 256):
+            raise ValueError(f"draft.vocab_size must be >= 256, \"auto\" or null (the full vocabulary), "
+                             f"got {self.vocab_size!r}")
         if self.requantize not in DRAFT_REQUANTIZE:
             raise ValueError(f"draft.requantize must be one of {DRAFT_REQUANTIZE[1:]} or null, got {self.requantize!r}")
         if not isinstance(self.extra_models, list) or not all(isinstance(d, str) and d for d in self.extra_models):

@@ -60,3 +60,4 @@ class ModelRunnerOutput:
     cu_num_logits: list[int]    # [len(chunks) + 1] row offsets of each chunk's logits
     forward_seconds: float = 0.0
     exploring: bool = False     # it ran on a thread count the tuner is trying: not a typical cost
+    hidden: torch.Tensor | None = None  # the logit rows' final hidden states (rows padded to the model's row_align)

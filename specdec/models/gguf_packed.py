@@ -72,6 +72,15 @@ def _blocks(t, rows: int, cols: int, requant: str | None) -> tuple[np.ndarray, Q
     return gguf.quants.quantize(values, REQUANT[requant]), REQUANT[requant]
 
 
+def auto_requant(path: Path) -> str | None:
+    """What `requantize: auto` packs a file's matrices as: q4_1 where any matrix a step reads is held as
+    int8 codes (a cheaper draft step), else None (the file's blocks)."""
+    reader = open_reader(path)
+    wide = any(t.tensor_type in _WIDE for t in reader.tensors
+               if t.name == "output.weight" or (t.name.startswith("blk.") and len(t.shape) == 2))
+    return "q4_1" if wide else None
+
+
 def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, progress: bool = True,
                      requant: str | None = None) -> tuple[LlamaConfig, dict[str, object], bool]:
     """Returns (config, weights, cache_hit); matrices are QuantLinear (`act`: their activations' bits),

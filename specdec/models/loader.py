@@ -103,7 +103,10 @@ def resolve(model: str, pull: bool = False) -> tuple[str, Path]:
 def load_model(model: str, precision: str = "float32", device: str = "cpu", progress: bool = True,
                pull: bool = False, requant: str | None = None) -> LoadedModel:
     """Load a model; `pull` as in resolve() (off: a registry model never pulled raises). `requant`: an
-    int4 mode's wide matrices requantized at pack time (`gguf_packed.REQUANT`; for drafts)."""
+    int4 mode's wide matrices requantized at pack time (`gguf_packed.REQUANT`; for drafts); "auto":
+    q4_1 where an int4 mode loads a GGUF file that holds such matrices, else the file's blocks."""
+    auto = requant == "auto"
+    requant = None if auto else requant
     if requant is not None and not precision.startswith("int4"):
         raise ValueError(f"requantizing packs a GGUF file's blocks again: it needs an int4 precision, not {precision}")
     t0 = time.perf_counter()
@@ -123,7 +126,8 @@ def load_model(model: str, precision: str = "float32", device: str = "cpu", prog
     if precision.startswith("int4"):
         if device != "cpu":
             raise ValueError(f"precision {precision} runs on the CPU kernel; use bfloat16 on CUDA")
-        from specdec.models.gguf_packed import load_gguf_packed
+        from specdec.models.gguf_packed import auto_requant, load_gguf_packed
+        requant = auto_requant(path) if auto else requant
         cfg, weights, hit = load_gguf_packed(path, sha, cache_dir, act=ACT_BITS[precision], progress=progress,
                                              requant=requant)
     else:

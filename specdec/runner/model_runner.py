@@ -64,26 +64,27 @@ class ModelRunner:
         with using_threads(threads):
             t1 = time.perf_counter()
             hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_caches)
-            logits = self.compute_logits(hidden, batch.logit_rows)
+            logits, hidden = self.compute_logits(hidden, batch.logit_rows)
             if self.device.type == "cuda":  # kernels run asynchronously: the cost model needs their real time
                 torch.cuda.synchronize(self.device)
             t2 = time.perf_counter()
         if self.tuner:
             self.tuner.record(num_rows, threads, t2 - t1)
         return ModelRunnerOutput(logits=logits, cu_num_logits=batch.cu_num_logits, forward_seconds=t2 - t0,
-                                 exploring=best is not None and threads != best)
+                                 exploring=best is not None and threads != best, hidden=hidden)
 
-    def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        """Logits for the given rows of the hidden states, never-sample ids at -inf. [len(rows), vocab]"""
+    def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits for the given rows of the hidden states, never-sample ids at -inf ([len(rows), vocab]),
+        and those rows' hidden states (padded to `row_align` rows)."""
         if not rows:
-            return torch.empty(0, self.model.cfg.vocab_size, device=self.device)
+            return torch.empty(0, self.model.cfg.vocab_size, device=self.device), hidden[:0]
         idx = rows + [rows[-1]] * (pad_rows(len(rows), self.model.row_align) - len(rows))
         if idx == list(range(idx[0], idx[0] + len(idx))):
             selected = hidden[idx[0]:idx[0] + len(idx)]   # one run of rows (decoding): a view, no gather
         else:
             selected = hidden[torch.tensor(idx, dtype=torch.long, device=self.device)]
         logits = self.model.compute_logits(selected)[: len(rows)]
-        return logits.index_fill_(-1, self.never_sample, float("-inf"))
+        return logits.index_fill_(-1, self.never_sample, float("-inf")), selected
 
     def _copy_block(self, src: int, dst: int) -> None:
         bs = self.block_size

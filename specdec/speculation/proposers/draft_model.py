@@ -33,6 +33,7 @@ from specdec.sample.sampler import first_argmax, make_generator
 from specdec.grammar import Lookahead
 from specdec.speculation.proposers.base import BuildContext, DraftProposal, Drafts
 from specdec.speculation.proposers.self_draft import format_skip, is_self_draft, parse_skip, resolve_auto
+from specdec.speculation.proposers.subvocab import RequestVocab, auto_vocab_size, build_subvocab
 
 
 def build(ctx: BuildContext) -> DraftModelProposer:
@@ -83,7 +84,7 @@ class DraftModelProposer:
     kind = "draft_model"
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: torch.device,
-                 vocab_size: int, max_model_len: int, draft_vocab_size: int | None = None,
+                 vocab_size: int, max_model_len: int, draft_vocab_size: int | str | None = None,
                  skip_layers: frozenset[int] | None = None, name: str | None = None,
                  tuner: ThreadTuner | None = None, prefix_caching: bool = True,
                  kv_dtype: torch.dtype | None = None) -> None:
@@ -94,13 +95,17 @@ class DraftModelProposer:
         self.loaded = loaded
         self.max_model_len = min(max_model_len, loaded.config.max_position)
         model = LlamaModel(loaded.config, loaded.weights, self.max_model_len, device, skip_layers or frozenset())
-        if draft_vocab_size is not None and draft_vocab_size < vocab_size:
-            from specdec.speculation.proposers.subvocab import build_subvocab
-            model.restrict_vocab(build_subvocab(loaded.tokenizer, vocab_size, draft_vocab_size))
+        full_head = model.lm_head
+        size = auto_vocab_size(model, vocab_size) if draft_vocab_size == "auto" else draft_vocab_size
+        if size is not None and size < vocab_size:
+            model.restrict_vocab(build_subvocab(loaded.tokenizer, vocab_size, size))
         self.vocab_size = vocab_size
         self.kv = KVCacheManager(num_blocks, block_size, enable_caching=prefix_caching)
         self.runner = ModelRunner(model, num_blocks, block_size, device, loaded.tokenizer.never_sample_ids,
                                   vocab_limit=vocab_size, tuner=tuner, kv_dtype=kv_dtype)
+        # a sub-vocabulary also scores each request's own tokens
+        self.request_vocab = None if model.vocab_ids is None else RequestVocab(
+            full_head, model.vocab_ids, vocab_size, self.runner.never_sample, model.row_align, model.options)
         self._generators: dict[str, torch.Generator] = {}
 
     @property
@@ -121,6 +126,8 @@ class DraftModelProposer:
                 continue  # draft pool full: this request decodes plainly this step
             if rid not in self.kv.block_tables:
                 self.kv.allocate(rid, 0, cached)
+            if self.request_vocab is not None:
+                self.request_vocab.take_in(rid, req.prompt_token_ids, req.output_token_ids)
             active.append((i, req, k))
         drafts: dict[int, list[int]] = {i: [] for i, _, _ in active}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in active}
@@ -151,6 +158,8 @@ class DraftModelProposer:
             forward_costs.append((rows, None if out.exploring else out.forward_seconds))
             ended = set()
             for row, (i, req, _) in enumerate(active):
+                if self.request_vocab is not None:
+                    self.request_vocab.score(req.request_id, out.logits[row], out.hidden[row])
                 token, q = self._sample(req, out.logits[row, : self.vocab_size], drafts[i], ahead.get(i))
                 drafts[i].append(token)
                 if q is not None:
@@ -204,3 +213,5 @@ class DraftModelProposer:
     def free(self, request_id: str) -> None:
         self.kv.free(request_id)
         self._generators.pop(request_id, None)
+        if self.request_vocab is not None:
+            self.request_vocab.free(request_id)
