@@ -23,15 +23,26 @@ def test_spec_bench_writes_json_and_plot(tiny_qwen, tiny_llama, tmp_path):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     assert main(["bench", "--model", str(tiny_qwen), "--draft", str(tiny_llama), "--sets", "code_gen,chat",
                  "--num-prompts", "1", "--repeats", "2", "--max-tokens", "6", "-k", "3", "--threads", "1",
-                 "--arms", "plain,draft_fixed,draft_cost_model,ngram", "--out", str(out), "--plot", str(png)]) == 0
+                 "--arms", "plain,draft_fixed,draft_file_fixed,draft_cost_model,ngram", "--out", str(out),
+                 "--plot", str(png)]) == 0
     report = json.loads(out.read_text())
-    assert len(report["runs"]) == 2 * 2 * 4
+    assert len(report["runs"]) == 2 * 2 * 5
     for s in ("code_gen", "chat"):
-        for arm in ("draft_fixed", "draft_cost_model", "ngram"):
+        for arm in ("draft_fixed", "draft_file_fixed", "draft_cost_model", "ngram"):
             e = report["summary"][s][arm]
             assert e["identical_to_plain"] is True and e["speedup"]["min"] <= e["speedup"]["median"]
     assert all(r["competing_cores"] is not None and r["competing_cores"] >= 0 for r in report["runs"])
     assert png.stat().st_size > 1000
+
+
+def test_spec_bench_draft_arms_pack_and_score_as_named():
+    """The default's autos, the file's draft, and the 4-bit and sub-vocabulary variants of the file's."""
+    from specdec.bench import spec_bench as sb
+    sub = sb.SUBVOCAB_SIZE
+    expect = {"draft_cost_model": ("auto", "auto"), "hybrid": ("auto", "auto"), "draft_file_fixed": (None, None),
+              "draft_q4_fixed": ("q4_1", None), "draft_subvocab_fixed": (None, sub),
+              "draft_q4_subvocab_fixed": ("q4_1", sub)}
+    assert {arm: (sb._requant(arm), sb._vocab(arm)) for arm in expect} == expect
 
 
 def test_contention_counts_other_processes_only(monkeypatch):

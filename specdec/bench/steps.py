@@ -335,8 +335,8 @@ def run_steps_bench(a) -> dict:
     rows = [int(n) for n in a.rows.split(",")]
     if bad or a.context < 1 or a.repeats < 1 or min(rows) < 1:
         raise ValueError(f"steps: precisions from {', '.join((*DTYPES, *INT_MODES, PEER))} (an int4 mode may add "
-                         f":{'|'.join(REQUANT)}, requantized as a draft may be, :vocab=N, a sub-vocabulary's output layer, "
-                         "and :kv=float32|float16|int8), "
+                         f":{'|'.join(REQUANT)}, requantized as a draft may be, :vocab=N, a sub-vocabulary's "
+                         "output layer, and :kv=float32|float16|int8), "
                          "--context, --repeats and --rows >= 1")
     require_plotting(a.plot, "specdec bench steps")
     return run(a.shapes.split(","), precisions, a.device, rows, a.context, a.repeats, a.out, a.plot or None)
