@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("names", nargs="*")
     pull.add_argument("--all", action="store_true")
     pull.add_argument("--prepare", action="append", choices=PRECISIONS, default=[],
-                      help="also build the dequantized-weight cache for this precision (repeatable)")
+                      help="also build the weight cache for this precision (repeatable; a registry draft's "
+                           "as drafts load it)")
     m.set_defaults(func=cmd_models)
 
 
@@ -30,22 +31,25 @@ def cmd_models(a: argparse.Namespace) -> int:
     names = list(registry.REGISTRY) if a.all else a.names
     if not names:
         raise ValueError("name a model to pull (or --all)")
+    drafts = {e.default_draft for e in registry.REGISTRY.values()}
     for name in names:
         path = registry.pull(name)
         for precision in a.prepare:
-            _prepare(name, precision)
+            _prepare(name, precision, draft=name in drafts)
         print(f"{name}: {path}", file=sys.stderr)
     return 0
 
 
-def _prepare(name: str, precision: str) -> None:
-    """Build the weights of one precision now (a cache hit just says so)."""
+def _prepare(name: str, precision: str, draft: bool = False) -> None:
+    """Build the weights of one precision now (a cache hit just says so); a registry draft's as drafts
+    load them by default (`draft.requantize: auto`)."""
     from specdec.models.loader import load_model
     if precision.startswith("int4"):
         from specdec.quant import kernel
         if not kernel.available():
             print(f"warning: the int4 kernel is unavailable ({kernel.unavailable_reason()}); "
                   "int4 runs on the slow PyTorch fallback", file=sys.stderr)
-    loaded = load_model(name, precision)
-    print(f"{name}: {precision} weights ready ({'cached' if loaded.cache_hit else 'built'} in "
+    loaded = load_model(name, precision, requant="auto" if draft else None)
+    kind = f"{precision}, {loaded.requantized}" if loaded.requantized else precision
+    print(f"{name}: {kind} weights ready ({'cached' if loaded.cache_hit else 'built'} in "
           f"{loaded.load_seconds:.1f}s)", file=sys.stderr)

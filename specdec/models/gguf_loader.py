@@ -72,6 +72,11 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     """All metadata key/values of a GGUF file, read straight from its header (GGUFReader takes ~20 s
     on a 151k-token vocabulary; this takes well under a second). Also checks that the tensor data fits
     in the file, so a truncated file is refused before any work."""
+    return read_header(path)[0]
+
+
+def read_header(path: str | Path) -> tuple[dict[str, Any], dict[str, tuple[int, tuple[int, ...]]]]:
+    """`read_metadata`'s metadata, and each tensor's ggml type and dimensions by name."""
     path = Path(path)
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -85,19 +90,20 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
                 key, pos = _read_value(buf, pos, 8)
                 (vtype,) = struct.unpack_from("<I", buf, pos)
                 meta[key], pos = _read_value(buf, pos + 4, vtype)
-            data_end = 0
+            data_end, tensors = 0, {}
             for _ in range(n_tensors):
-                _, pos = _read_value(buf, pos, 8)
+                name, pos = _read_value(buf, pos, 8)
                 (n_dims,) = struct.unpack_from("<I", buf, pos)
                 dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
                 ttype, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
                 pos += 16 + 8 * n_dims
                 block, nbytes = _QUANT_SIZES.get(ttype, (1, 0))  # a type unknown to gguf: its size is not checked
                 data_end = max(data_end, offset + math.prod(dims) // block * nbytes)
+                tensors[name] = (ttype, dims)
             align = int(meta.get("general.alignment", 32))
             if n_tensors and -(-pos // align) * align + data_end > len(buf):
                 raise ValueError("tensor data runs past the end of the file")
-            return meta
+            return meta, tensors
     except FileNotFoundError as e:
         raise ModelFileError(f"model file not found: {path}") from e
     except (ValueError, struct.error, OSError, OverflowError, MemoryError) as e:  # UnicodeDecodeError is a ValueError

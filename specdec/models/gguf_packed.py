@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from specdec.models import weight_cache
 from specdec.models.gguf_loader import (ModelFileError, _dequantize, _gguf_sources, _unpermute, check_sources,
-                                        config_from_metadata, open_reader, read_metadata)
+                                        config_from_metadata, open_reader, read_header, read_metadata)
 from specdec.models.llama import LlamaConfig, param_shapes
 from specdec.quant.gguf_blocks import PACKABLE, decode
 from specdec.quant.packed import QuantLinear, QuantTensor
@@ -75,9 +75,9 @@ def _blocks(t, rows: int, cols: int, requant: str | None) -> tuple[np.ndarray, Q
 def auto_requant(path: Path) -> str | None:
     """What `requantize: auto` packs a file's matrices as: q4_1 where any matrix a step reads is held as
     int8 codes (a cheaper draft step), else None (the file's blocks)."""
-    reader = open_reader(path)
-    wide = any(t.tensor_type in _WIDE for t in reader.tensors
-               if t.name == "output.weight" or (t.name.startswith("blk.") and len(t.shape) == 2))
+    tensors = read_header(path)[1]  # the header alone: GGUFReader would parse the vocabulary for seconds
+    wide = any(ttype in _WIDE for name, (ttype, dims) in tensors.items()
+               if name == "output.weight" or (name.startswith("blk.") and len(dims) == 2))
     return "q4_1" if wide else None
 
 
