@@ -136,13 +136,66 @@ inline void codes6_512(const uint8_t* p, __m512i* u) {
     u[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m4), _mm512_and_si512(hi, m2));
 }
 
+inline __m512 halves(__m256 lo, __m256 hi) {  // AVX-512F only (no DQ in this build)
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+// Rows 2p and 2p + 1 of a tile side by side in one 512-bit vector, 8 lanes each: their super-block sums
+// folded to the 256-bit path's lanes (an integer add), converted and flushed with one instruction each,
+// and the scale d * dx of each row made from a vector of both rows' dx (the same float products), so a
+// pair's float work is one row's. A lone last row fills both halves; its low half is kept.
+template <int MT>
+struct PairFlush {
+    static constexpr int P = (MT + 1) / 2;
+    __m512 acc[P];
+
+    PairFlush() {
+        for (int p = 0; p < P; ++p) acc[p] = _mm512_setzero_ps();
+    }
+
+    // z: each row's sums over the super-block, lanes i and i + 8 to be added; fix(r0, r1, s) adjusts the
+    // folded pair of rows r0, r1 (Q6_K's unsigned6_correction) before it is flushed with scale d * dx.
+    template <class Fix>
+    void flush(const __m512i* z, float d, const float* dx, int64_t supers, Fix fix) {
+        const __m512 vd = _mm512_set1_ps(d);
+        for (int p = 0; p < P; ++p) {
+            const int r0 = 2 * p, r1 = 2 * p + 1 < MT ? 2 * p + 1 : 2 * p;
+            __m512i s = _mm512_add_epi32(_mm512_shuffle_i64x2(z[r0], z[r1], 0x44),
+                                         _mm512_shuffle_i64x2(z[r0], z[r1], 0xEE));
+            s = fix(r0, r1, s);
+            const __m512 dxp = halves(_mm256_broadcast_ss(dx + r0 * supers), _mm256_broadcast_ss(dx + r1 * supers));
+            acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(vd, dxp), _mm512_cvtepi32_ps(s), acc[p]);
+        }
+    }
+
+    void finish_rows(int64_t groups, const float* xsum, const float* offset, float* y, int64_t ldy,
+                     const float* less) const {
+        __m256 rows[MT];
+        for (int r = 0; r < MT; ++r)
+            rows[r] = r % 2 ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r / 2]), 1))
+                            : _mm512_castps512_ps256(acc[r / 2]);
+        finish<MT>(rows, groups, xsum, offset, y, ldy, less);
+    }
+};
+
+// Q6_K's unsigned6_correction on a folded pair (rows r0, r1 in the low and high halves).
+inline __m512i unsigned6_pair(const int16_t* isums, int64_t k, int64_t sb, const int16_t* sub, int r0, int r1,
+                              __m512i s) {
+    const __m512i sc = _mm512_broadcast_i64x4(load256(sub));
+    const __m512i is = _mm512_inserti64x4(_mm512_castsi256_si512(load256(isums + r0 * (k / 16) + sb * 16)),
+                                          load256(isums + r1 * (k / 16) + sb * 16), 1);
+    return _mm512_sub_epi32(s, _mm512_slli_epi32(_mm512_madd_epi16(is, sc), 5));
+}
+
 template <int BITS, int MT>
 inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float* xsum, const int16_t* isums,
                        const void* codes, const int8_t* sub, const float* dsup, const float* offset, float* y,
                        int64_t ldy, const float* less = nullptr) {
     constexpr int G = BITS == 4 ? 32 : 16;
+    const int64_t supers = k / 256;
     const __m512i m = _mm512_set1_epi8(0x0F);
-    span_tile<MT, 256, G>(k, dx, dsup, xsum, offset, y, ldy, [&](int64_t sb, __m256i* sum) {
+    PairFlush<MT> out;
+    for (int64_t sb = 0; sb < supers; ++sb) {
         alignas(32) int16_t s[256 / G];
         widen_scales<256 / G>(sub + sb * (256 / G), s);
         __m512i z[MT];
@@ -159,7 +212,7 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
                     const __m512i tt = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
                                                                                _mm512_loadu_si512(xr)),
                                                            hi, _mm512_loadu_si512(xr + 64));
-                    z[r] = _mm512_add_epi32(z[r], _mm512_madd_epi16(tt, sc));
+                    z[r] = _mm512_dpwssd_epi32(z[r], tt, sc);  // vpmaddwd + vpaddd in one, the same integers
                 }
             }
         } else {
@@ -172,16 +225,17 @@ inline void tile_super(const int8_t* xq, const float* dx, int64_t k, const float
                     const __m512i sc = quad_scales_even(s + 8 * h + 4 * q);
                     for (int r = 0; r < MT; ++r) {
                         const __m512i x = _mm512_loadu_si512(xq + r * k + sb * 256 + 128 * h + 64 * q);
-                        z[r] = _mm512_add_epi32(z[r], _mm512_madd_epi16(
-                                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[q], x), sc));
+                        z[r] = _mm512_dpwssd_epi32(z[r], _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[q], x), sc);
                     }
                 }
             }
         }
-        for (int r = 0; r < MT; ++r)
-            sum[r] = _mm256_add_epi32(_mm512_castsi512_si256(z[r]), _mm512_extracti64x4_epi64(z[r], 1));
-        if constexpr (BITS == 6) unsigned6_correction<MT>(isums, k, sb, s, sum);
-    }, less);
+        out.flush(z, dsup[sb], dx + sb, supers, [&](int r0, int r1, __m512i pair) {
+            if constexpr (BITS == 6) return unsigned6_pair(isums, k, sb, s, r0, r1, pair);
+            else return pair;
+        });
+    }
+    out.finish_rows(k / G, xsum, offset, y, ldy, less);
 }
 #else
 constexpr XOrder SUPER_X4 = XOrder::PAIR64, SUPER_X6 = XOrder::SPLIT64;
