@@ -225,11 +225,14 @@ def _setting(name: str, precision: str, device: torch.device, rows: list[int], c
 
 def time_settings(settings: dict, rows: list[int], repeats: int) -> dict:
     """Seconds per (setting, n): every round runs each setting once at each row count, so the settings
-    share the machine's slow and fast moments (the first round warms up: kernel choice, allocator)."""
+    share the machine's slow and fast moments (the first round warms up: kernel choice, allocator), each
+    setting's row counts after one untimed forward of its own."""
     times = {key: {n: [] for n in rows} for key in settings}
     from tqdm import tqdm
     for r in tqdm(range(repeats + 1), desc="steps: rounds", unit="round", file=sys.stderr):
         for key, setting in settings.items():
+            # untimed: a forward right after another setting's prompt-sized one ran at up to 1.7x its time
+            setting.seconds(rows[0])
             for n in rows:
                 seconds = setting.seconds(n)
                 if r:
