@@ -71,7 +71,7 @@ class LLMEngine:
         self.verifier = Verifier(rejection_sampler)
         mc, cc = config.model, config.cache
         self.device = torch.device(mc.device)
-        self.loaded = loaded or load_model(mc.model, mc.precision, mc.device, progress)
+        self.loaded = loaded or load_model(mc.model, mc.precision, mc.device, progress, huge_pages=mc.huge_pages)
         cfg = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         if mc.chat_template is not None:

@@ -23,7 +23,7 @@ class LLM:
 
     def __init__(self, model: str = ModelConfig.model, precision: str = ModelConfig.precision, device: str = "cpu",
                  max_model_len: int | None = None, num_threads: int | None = None,
-                 chat_template: str | None = None, seed: int | None = None,
+                 chat_template: str | None = None, seed: int | None = None, huge_pages: bool = True,
                  cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
                  speculative: SpeculativeConfig | None = None, progress: bool = True,
                  config: EngineConfig | None = None, loaded: LoadedModel | None = None,
@@ -32,10 +32,13 @@ class LLM:
         precision criterion and says which. `loaded` / `draft_loaded` reuse weights already in memory
         (another engine's) instead of loading again. `rejection_sampler`: see LLMEngine.
         `chat_template`: a Jinja file or text replacing the model's; `seed`: seeds the requests that
-        carry no seed of their own (in submission order), so a run reproduces."""
+        carry no seed of their own (in submission order), so a run reproduces. `huge_pages=False` reads the
+        int4 weights through the cache file's mapping, shared with other processes, instead of copying them
+        into transparent huge pages (faster steps)."""
         config = config or EngineConfig(
             model=ModelConfig(model=model, precision=precision, device=device, max_model_len=max_model_len,
-                              num_threads=num_threads, chat_template=chat_template, seed=seed),
+                              num_threads=num_threads, chat_template=chat_template, seed=seed,
+                              huge_pages=huge_pages),
             cache=cache or CacheConfig(), scheduler=scheduler or SchedulerConfig(), speculative=speculative)
         self.engine = LLMEngine(config, progress=progress, loaded=loaded, draft_loaded=draft_loaded,
                                 rejection_sampler=rejection_sampler)

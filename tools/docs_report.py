@@ -43,6 +43,8 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-draft-huge-xeon-amx": ("2026-12-05", "xeon-amx", "issue 42's bench on a Xeon with the weights in huge "
+                                  "pages: plain, the draft model, the hybrid, llama.cpp and OpenVINO GenAI's speculation"),
     "bench-steps-prices-xeon-amx": ("2026-12-05", "xeon-amx", "the three prices on a Xeon: the draft as the file "
                                     "holds it and as it runs by default, the target, beside llama.cpp, 1 to 256 rows"),
     "bench-steps-draft-variants-zen3": ("2026-12-05", "zen3", "the draft's one-row and five-row steps as the file "

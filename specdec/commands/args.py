@@ -47,6 +47,13 @@ def add_model_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
                    help="intra-op threads (default: chosen per forward by measurement)")
 
 
+def add_huge_pages_arg(p: argparse.ArgumentParser) -> None:
+    """--no-huge-pages (None unless given)."""
+    p.add_argument("--no-huge-pages", dest="huge_pages", action="store_const", const=False, default=None,
+                   help="read the int4 weights through the cache file's mapping (shared between processes) "
+                        "instead of copying them into transparent huge pages (faster steps)")
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """vLLM's engine flags: --chat-template, --max-num-seqs (alias --max-batch-size),
     --max-num-batched-tokens. Each is None unless given."""

@@ -12,6 +12,7 @@ import sys
 from specdec.commands import compare_plain
 from specdec.commands.args import (
     add_engine_args,
+    add_huge_pages_arg,
     add_model_args,
     add_sampling_args,
     add_spec_args,
@@ -35,6 +36,7 @@ from specdec.sampling_params import SamplingParams, StructuredOutput
 def register(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="generate text for prompts")
     add_model_args(g)
+    add_huge_pages_arg(g)
     add_sampling_args(g)
     add_spec_args(g)
     add_engine_args(g)
@@ -58,7 +60,8 @@ def engine_config(a: argparse.Namespace, speculative: SpeculativeConfig | None) 
     seeds the engine (vLLM's meaning): each prompt draws its own stream from it, reproducibly."""
     return EngineConfig(model=ModelConfig(model=a.model, precision=a.precision, device=a.device,
                                           max_model_len=a.max_model_len, num_threads=a.threads,
-                                          chat_template=a.chat_template, seed=a.seed),
+                                          chat_template=a.chat_template, seed=a.seed,
+                                          huge_pages=a.huge_pages is not False),
                         cache=CacheConfig(**cache_overrides(a)),
                         scheduler=SchedulerConfig(**scheduler_overrides(a)), speculative=speculative,
                         sampling=sampling_config(a))

@@ -49,7 +49,7 @@ def _prepare(name: str, precision: str, draft: bool = False) -> None:
         if not kernel.available():
             print(f"warning: the int4 kernel is unavailable ({kernel.unavailable_reason()}); "
                   "int4 runs on the slow PyTorch fallback", file=sys.stderr)
-    loaded = load_model(name, precision, requant="auto" if draft else None)
+    loaded = load_model(name, precision, requant="auto" if draft else None, huge_pages=False)
     kind = f"{precision}, {loaded.requantized}" if loaded.requantized else precision
     print(f"{name}: {kind} weights ready ({'cached' if loaded.cache_hit else 'built'} in "
           f"{loaded.load_seconds:.1f}s)", file=sys.stderr)

@@ -10,6 +10,7 @@ import sys
 
 from specdec.commands.args import (
     add_engine_args,
+    add_huge_pages_arg,
     add_model_args,
     add_spec_args,
     cache_overrides,
@@ -42,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                                   "or --model)")
     sv.add_argument("--config", help="YAML config (execution_config, speculative, server); flags override it")
     add_model_args(sv, defaults=False)
+    add_huge_pages_arg(sv)
     add_engine_args(sv)
     sv.add_argument("--seed", type=int, default=None,
                     help="seeds requests that carry no seed, in arrival order (a run reproduces)")
@@ -135,7 +137,7 @@ def _model_config(a: argparse.Namespace, base: ModelConfig) -> ModelConfig:
     model = dataclasses.asdict(base)
     for flag, name in (("model", "model"), ("precision", "precision"), ("device", "device"),
                        ("max_model_len", "max_model_len"), ("threads", "num_threads"),
-                       ("chat_template", "chat_template"), ("seed", "seed")):
+                       ("chat_template", "chat_template"), ("seed", "seed"), ("huge_pages", "huge_pages")):
         if getattr(a, flag) is not None:
             model[name] = getattr(a, flag)
     return ModelConfig(**model)

@@ -31,6 +31,7 @@ class ModelConfig:
     num_threads: int | None = None    # intra-op threads; None: chosen per forward by measurement (runner/threads.py)
     chat_template: str | None = None  # a Jinja chat template (file path or the template text); None: the model's
     seed: int | None = None           # seeds the randomness of requests that carry no seed of their own
+    huge_pages: bool = True           # int4 weights copied into transparent huge pages (models/huge_pages.py)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISION_CHOICES:

@@ -22,6 +22,7 @@ _EXECUTION_KEYS = {
     "num_threads": ("model", "num_threads"),
     "chat_template": ("model", "chat_template"),
     "seed": ("model", "seed"),
+    "huge_pages": ("model", "huge_pages"),
     "max_batch_size": ("scheduler", "max_batch_size"),
     "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
     "long_prefill_token_threshold": ("scheduler", "long_prefill_token_threshold"),

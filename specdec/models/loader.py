@@ -16,6 +16,7 @@ import torch
 from specdec.config import specdec_home
 from specdec.models import registry
 from specdec.models.gguf_loader import ModelFileError, load_gguf
+from specdec.models.huge_pages import into_huge_pages
 from specdec.models.llama import LlamaConfig
 from specdec.models.tokenizer import Tokenizer
 from specdec.models.weight_cache import file_sha256
@@ -101,10 +102,12 @@ def resolve(model: str, pull: bool = False) -> tuple[str, Path]:
 
 
 def load_model(model: str, precision: str = "float32", device: str = "cpu", progress: bool = True,
-               pull: bool = False, requant: str | None = None) -> LoadedModel:
+               pull: bool = False, requant: str | None = None, huge_pages: bool = True) -> LoadedModel:
     """Load a model; `pull` as in resolve() (off: a registry model never pulled raises). `requant`: an
     int4 mode's wide matrices requantized at pack time (`gguf_packed.REQUANT`; for drafts); "auto":
-    q4_1 where an int4 mode loads a GGUF file that holds such matrices, else the file's blocks."""
+    q4_1 where an int4 mode loads a GGUF file that holds such matrices, else the file's blocks.
+    `huge_pages`: an int4 mode's packed weights copied into transparent huge pages (models/huge_pages.py)
+    instead of read through the cache file's mapping."""
     auto = requant == "auto"
     requant = None if auto else requant
     if requant is not None and not precision.startswith("int4"):
@@ -132,6 +135,8 @@ def load_model(model: str, precision: str = "float32", device: str = "cpu", prog
                                              requant=requant)
     else:
         cfg, weights, hit = load_gguf(path, sha, cache_dir, DTYPES[precision], device, progress)
+    if huge_pages and precision.startswith("int4"):  # the packed weights a CPU step streams (float32: 4x the bytes)
+        weights = into_huge_pages(weights)
     tok = Tokenizer.from_gguf(path, cache_dir)
     return LoadedModel(name, path, sha, cfg, weights, tok, time.perf_counter() - t0, hit, precision, requant)
 

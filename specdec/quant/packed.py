@@ -14,8 +14,11 @@ products:
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +44,12 @@ class QuantTensor:
     @property
     def rows(self) -> int:
         return self.codes.shape[0]
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> QuantTensor:
+        """This tensor with each of its arrays replaced by fn(array) (QuantLinear.map_tensors)."""
+        keep = lambda t: None if t is None else fn(t)  # noqa: E731
+        return dataclasses.replace(self, codes=fn(self.codes), scale=fn(self.scale), offset=keep(self.offset),
+                                   super_scale=keep(self.super_scale), super_min=keep(self.super_min))
 
     @classmethod
     def from_codes(cls, c: Codes) -> QuantTensor:
@@ -142,6 +151,15 @@ class QuantLinear:
     @property
     def shape(self) -> tuple[int, int]:
         return (self.out_features, self.in_features)
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> QuantLinear:
+        """This layer with each tensor it reads (codes, scales, offsets, dense parts, integer scales and
+        minimums) replaced by fn(tensor), which must hold the same values (weights moved in memory)."""
+        new = copy.copy(self)
+        new.parts = [p.map_tensors(fn) if isinstance(p, QuantTensor) else fn(p) for p in self.parts]
+        new.subs = [None if s is None else fn(s) for s in self.subs]
+        new.mins = [None if m is None else fn(m) for m in self.mins]
+        return new
 
     def __call__(self, x: torch.Tensor, options: KernelOptions = KernelOptions()) -> torch.Tensor:
         """x: [rows, in] float32 -> [rows, out] float32. `options`: the path of the dense parts (`layers.linear`)."""

@@ -57,7 +57,7 @@ def build(ctx: BuildContext) -> DraftModelProposer:
     else:
         precision = spec.draft.precision or config.model.precision
         draft = ctx.draft_loaded or load_model(name, precision, config.model.device, ctx.progress,
-                                               requant=spec.draft.requantize)
+                                               requant=spec.draft.requantize, huge_pages=config.model.huge_pages)
     if ctx.progress:
         print(f"draft model {draft.name} loaded in {draft.load_seconds:.1f}s", file=sys.stderr)
     shared = check_same_vocabulary(target.tokenizer.token_strings, draft.tokenizer.token_strings,
