@@ -83,6 +83,11 @@ class Ingress:
         return await self.forward(request)
 
     async def forward(self, request: Request):
+        # a replica learns of a drain at its next metrics push (up to PUSH_SECONDS later): new work is
+        # refused here from the moment the deployment drains; health checks still reach the replicas
+        if request.scope["path"] != "/health" and await self.board.is_draining.remote():
+            return JSONResponse(error_body(503, "the server is shutting down", code="shutting_down"),
+                                status_code=503, headers={"Retry-After": str(self.config.retry_after)})
         body = await request.body()
         # the path as the client sent it (request.url.path is re-parsed: it drops a tab or a newline)
         fwd = Forwarded(request.method, request.scope["path"], request.scope.get("query_string", b""),

@@ -43,6 +43,9 @@ class MetricsBoard:
     def drain(self) -> None:
         self.draining = True
 
+    def is_draining(self) -> bool:
+        return self.draining
+
     def drained(self) -> bool:
         """Every live replica has drained (its requests finished or ended)."""
         return all(info.get("drained") for _, info in self.snapshot().values())
