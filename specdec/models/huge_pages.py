@@ -3,7 +3,7 @@
 A decode step streams every weight once. Read through the pack cache's memory map, they sit in 4 KiB
 pages: a gigabyte is 262,144 of them, and the step spends part of its time walking page tables. Copied
 once at load into anonymous memory advised MADV_HUGEPAGE, they sit in 2 MiB pages, 512 times fewer (the
-1.5B target's one-row step ran 1.18x faster on a Xeon, docs/performance.md). The price: the copy is
+1.5B target's one-row step ran 1.19x faster on a Xeon, docs/performance.md). The price: the copy is
 private to the process (two processes no longer share the file's pages) and loading copies the bytes once.
 Where the kernel offers no transparent huge pages, the weights stay mapped.
 """

@@ -83,9 +83,9 @@ class Ingress:
         return await self.forward(request)
 
     async def forward(self, request: Request):
-        # a replica learns of a drain at its next metrics push (up to PUSH_SECONDS later): new work is
-        # refused here from the moment the deployment drains; health checks still reach the replicas
-        if request.scope["path"] != "/health" and await self.board.is_draining.remote():
+        # a replica learns of a drain at its next metrics push (up to PUSH_SECONDS later): new work (the
+        # POST routes) is refused here from the moment the deployment drains; reads still reach replicas
+        if request.method == "POST" and await self.board.is_draining.remote():
             return JSONResponse(error_body(503, "the server is shutting down", code="shutting_down"),
                                 status_code=503, headers={"Retry-After": str(self.config.retry_after)})
         body = await request.body()
