@@ -214,10 +214,17 @@ class _Stream:
 
 
 class _Board:
+    draining = False
+
     class snapshot:  # noqa: N801 - the actor method's name
         @staticmethod
         async def remote() -> dict:
             return {}
+
+    class is_draining:  # noqa: N801
+        @staticmethod
+        async def remote() -> bool:
+            return _Board.draining
 
 
 def test_metrics_behind_the_key_and_odd_requests_without_ray(tiny_qwen):
@@ -237,5 +244,11 @@ def test_metrics_behind_the_key_and_odd_requests_without_ray(tiny_qwen):
                 assert 400 <= ours.status_code < 500, (method, path, ours.status_code)
             page = ingress.get("/metrics", headers=key)
             assert page.status_code == 200 and "specdec_replicas 0" in page.text   # the ingress's own page
+            _Board.draining = True   # the deployment drains: new work is refused here, reads still pass
+            late = ingress.post("/v1/completions", headers=key, json={"prompt": "hi", "max_tokens": 2})
+            assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+            assert late.headers["retry-after"] == str(config.retry_after)
+            assert ingress.get("/v1/models", headers=key).status_code == 200
     finally:
+        _Board.draining = False
         engine.shutdown()
