@@ -153,9 +153,10 @@ def avx2_then_best():
 def test_vnni_and_avx2_paths_are_bitwise_equal(name, act, avx2_then_best):
     """The VNNI build of the integer paths computes the same exact integer sums and the same float
     operations as the AVX2 build: any row count, bitwise. Extreme activations reach the codes' and
-    the rounded activations' largest products (the int16 bounds the VNNI lanes rely on)."""
+    the rounded activations' largest products (the int16 bounds the VNNI lanes rely on). An odd number
+    of features leaves runs that the VNNI per-32 tiles (two or four features at a time) end alone."""
     t = LAYERS[name]
-    big = lambda a: None if a is None else a.repeat(10, 4)  # noqa: E731 (240 features x 2,048)
+    big = lambda a: None if a is None else a.repeat(10, 4)[:237]  # noqa: E731 (237 features x 2,048)
     lin = QuantLinear([QuantTensor(t.bits, t.group, big(t.codes), big(t.scale), big(t.offset), 4 * t.cols,
                                    big(t.super_scale), big(t.super_min))], act)
     g = torch.Generator().manual_seed(11)

@@ -55,6 +55,33 @@ class A8Reader final : public Reader {
         });
     }
 
+#ifdef __AVX512VNNI__
+    // Four features at a time, then two (tile_a8_pairs: each feature's results as `feature` gives them);
+    // four where rows are few (two multiply-add chains in flight), two where more rows give as many.
+    void features(const Part& p, int64_t j0, int64_t j1, int64_t r0, int64_t r1, float* y,
+                  int64_t ldy) const override {
+        int64_t j = j0;
+        if (r1 - r0 <= 4) j = pairs<2>(p, j, j1, r0, r1, y, ldy);
+        j = pairs<1>(p, j, j1, r0, r1, y, ldy);
+        if (j < j1) feature(p, j, r0, r1, y, ldy);
+    }
+
+    // Features j, j + 1, ... in groups of 2 * NP while a whole group fits before j1; returns the next.
+    template <int NP>
+    int64_t pairs(const Part& p, int64_t j, int64_t j1, int64_t r0, int64_t r1, float* y, int64_t ldy) const {
+        const int64_t blocks = k_ / 32, groups = k_ / G, bytes = row_bytes<BITS>(k_);
+        for (; j + 2 * NP <= j1; j += 2 * NP) {
+            const float* o = p.offset ? p.offset + j * groups : nullptr;
+            row_tiles(r0, r1, [&](auto mt, int64_t r) {
+                tile_a8_pairs<BITS, G, decltype(mt)::value, NP>(
+                    xq_.get() + r * k_, sx_.get() + r * blocks, k_, sums_ ? sums_.get() + r * groups : nullptr,
+                    (const uint8_t*)p.codes + j * bytes, bytes, p.scale + j * groups, o, y + r * ldy + j, ldy);
+            });
+        }
+        return j;
+    }
+#endif
+
    private:
     int64_t k_;
     std::unique_ptr<int8_t[]> xq_;

@@ -140,6 +140,78 @@ inline __m512 halves(__m256 lo, __m256 hi) {  // AVX-512F only (no DQ in this bu
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 
+// ---- per-32 groups, two features at a time: feature j in a vector's low 256 bits, j + 1 in its high ----
+// Each half computes exactly what tile_a8 computes for its feature (the same int32 lanes, the same float
+// multiply and multiply-add per lane and block), so the results are tile_a8's bitwise; one instruction
+// does both features' float work, which bounds a one-row product of 4-bit per-32 codes.
+template <int BITS>
+inline __m512i codes_pair(const uint8_t* a, const uint8_t* b) {
+    if constexpr (BITS == 4) {  // 128-bit lanes [a low, a high, b low, b high] nibbles: codes4 of each
+        const __m512i raw = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)a))),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)b)), 1);
+        const int64_t f = 0x0004000400040004;  // int16 shift counts: 4 in 128-bit lanes 1 and 3
+        return _mm512_and_si512(_mm512_srlv_epi16(raw, _mm512_set_epi64(f, f, 0, 0, f, f, 0, 0)), _mm512_set1_epi8(0x0F));
+    } else {
+        return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
+    }
+}
+
+// dot32 on both halves: 16 lanes of 4 consecutive values' exact products, as float
+template <int BITS>
+inline __m512 dot32_pair(__m512i w, __m512i x) {
+    if constexpr (BITS == 8) {  // vpdpbusd takes unsigned x signed bytes: a signed w moves its sign onto x
+        x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+        w = _mm512_abs_epi8(w);
+    }
+    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x));
+}
+
+// 2 * NP consecutive features for MT rows, tile_a8's arithmetic: feature f's codes at c + f * bytes, its
+// scales and offsets at s + f * groups and o + f * groups (o may be null). NP pairs run independent
+// multiply-add chains, which one pair alone waits on at one row.
+template <int BITS, int G, int MT, int NP>
+inline void tile_a8_pairs(const int8_t* xq, const float* sx, int64_t k, const float* xsum, const uint8_t* c,
+                          int64_t bytes, const float* s, const float* o, float* y, int64_t ldy) {
+    const int64_t blocks = k / 32, groups = k / G;
+    __m512 acc[NP][MT];
+    for (int p = 0; p < NP; ++p)
+        for (int r = 0; r < MT; ++r) acc[p][r] = _mm512_setzero_ps();
+    // the next tile's codes, a line per 64 bytes read here, and its scales and offsets: the features that
+    // follow are the ones this thread runs next, so the stream runs ahead without a fixed distance
+    const uint8_t* next = c + 2 * NP * bytes;
+    const int64_t scale_lines = (2 * NP * groups * 4 + 63) / 64;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        if ((blk * 2 * NP * BITS * 4) % 64 == 0) _mm_prefetch((const char*)next + blk * 2 * NP * BITS * 4, _MM_HINT_T0);
+        if (blk < scale_lines) {
+            _mm_prefetch((const char*)(s + 2 * NP * groups) + 64 * blk, _MM_HINT_T0);
+            if (o) _mm_prefetch((const char*)(o + 2 * NP * groups) + 64 * blk, _MM_HINT_T0);
+        }
+        __m512i w[NP];
+        __m512 ws[NP];
+        for (int p = 0; p < NP; ++p) {
+            const uint8_t* a = c + 2 * p * bytes + blk * BITS * 4;
+            w[p] = codes_pair<BITS>(a, a + bytes);
+            ws[p] = halves(_mm256_broadcast_ss(s + 2 * p * groups + blk), _mm256_broadcast_ss(s + (2 * p + 1) * groups + blk));
+        }
+        for (int r = 0; r < MT; ++r) {
+            const __m512i x = _mm512_broadcast_i64x4(load256(xq + r * k + blk * 32));
+            const __m512 vx = _mm512_set1_ps(sx[r * blocks + blk]);
+            for (int p = 0; p < NP; ++p)
+                acc[p][r] = _mm512_fmadd_ps(_mm512_mul_ps(ws[p], vx), dot32_pair<BITS>(w[p], x), acc[p][r]);
+        }
+    }
+    for (int p = 0; p < NP; ++p) {
+        __m256 lo[MT], hi[MT];
+        for (int r = 0; r < MT; ++r) {
+            lo[r] = _mm512_castps512_ps256(acc[p][r]);
+            hi[r] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][r]), 1));
+        }
+        finish<MT>(lo, groups, xsum, o ? o + 2 * p * groups : nullptr, y + 2 * p, ldy);
+        finish<MT>(hi, groups, xsum, o ? o + (2 * p + 1) * groups : nullptr, y + 2 * p + 1, ldy);
+    }
+}
+
 // Rows 2p and 2p + 1 of a tile side by side in one 512-bit vector, 8 lanes each: their super-block sums
 // folded to the 256-bit path's lanes (an integer add), converted and flushed with one instruction each,
 // and the scale d * dx of each row made from a vector of both rows' dx (the same float products), so a
