@@ -61,6 +61,11 @@ class A8Reader final : public Reader {
     void features(const Part& p, int64_t j0, int64_t j1, int64_t r0, int64_t r1, float* y,
                   int64_t ldy) const override {
         int64_t j = j0;
+        // the run's first tile: the tiles prefetch the next one's, not their own
+        const int64_t groups = k_ / G, first = std::min<int64_t>(j1 - j0, 4);
+        prefetch_lines((const uint8_t*)p.codes + j0 * row_bytes<BITS>(k_), first * row_bytes<BITS>(k_));
+        prefetch_lines(p.scale + j0 * groups, first * groups * 4);
+        if (p.offset) prefetch_lines(p.offset + j0 * groups, first * groups * 4);
         if (r1 - r0 <= 4) j = pairs<2>(p, j, j1, r0, r1, y, ldy);
         j = pairs<1>(p, j, j1, r0, r1, y, ldy);
         if (j < j1) feature(p, j, r0, r1, y, ldy);
@@ -306,7 +311,7 @@ inline int run_projection(const float* x, int64_t rows, int64_t k, const Part* p
     // rows in blocks whose x (int16 or int8) stays in L2; features in chunks on demand, a multiple of 8
     const bool wide = std::any_of(parts, parts + num_parts, [](const Part& p) { return p.act == 16; });
     const int64_t n = start[num_parts], block = row_block(k, wide ? 2 : 1);
-    const int64_t chunk = (chunk_size(n, threads) + 7) / 8 * 8, chunks = (n + chunk - 1) / chunk;
+    const int64_t chunk = (chunk_size(n, threads, 4) + 7) / 8 * 8, chunks = (n + chunk - 1) / chunk;
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         const int64_t r1 = std::min(r0 + block, rows);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)

@@ -84,8 +84,10 @@ std::unique_ptr<float[]> group_sums(const float* x, int64_t rows, int64_t k) {
 
 // Output features are handed out in chunks on demand, not split evenly up front: when another process
 // takes a core, the thread that keeps its core does more of the work instead of waiting at the end.
-inline int chunk_size(int64_t n, int threads) {
-    int64_t c = n / (threads * 16);
+// `per_thread` chunks a thread on average: fewer and longer on the integer paths, whose tiles prefetch
+// the features after their own (a chunk's end is a stream's restart).
+inline int chunk_size(int64_t n, int threads, int per_thread = 16) {
+    int64_t c = n / (threads * per_thread);
     return (int)(c < 8 ? 8 : c);
 }
 

@@ -104,6 +104,10 @@ inline void span_tile(int64_t k, const float* dx, const float* dsup, const float
 // ffn_down's 4-7 KB rows).
 constexpr int kPrefetchAhead = 1024;
 
+inline void prefetch_lines(const void* p, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char*)p + b, _MM_HINT_T0);
+}
+
 template <int BYTES>
 inline void prefetch_ahead(const uint8_t* c) {
     for (int b = 0; b < BYTES; b += 64) _mm_prefetch((const char*)c + kPrefetchAhead + b, _MM_HINT_T0);
