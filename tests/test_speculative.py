@@ -160,6 +160,17 @@ def test_controller_health_fallback_and_reprobe():
     assert c.next_k("r", 11, 1) == 4 and c.num_resumes == 1
 
 
+def test_the_health_check_judges_at_least_two_drafts_per_step_of_its_window():
+    """At k = 1 a window of health_window steps holds too few drafts to judge (3 of 8 happens by chance
+    at a true acceptance of 0.65): the check waits until the window holds 2 * health_window drafts."""
+    c = SpecController(controlled(1, "fixed", health_window=4, acceptance_threshold=0.5))
+    for _ in range(7):
+        c.observe("r", 1, 0)
+        assert c.num_fallbacks == 0
+    c.observe("r", 1, 0)  # 8 steps of one draft: the window is judged
+    assert c.num_fallbacks == 1
+
+
 def test_controller_heuristic_moves_k():
     c = SpecController(controlled(6, "heuristic", acceptance_threshold=0.0))
     k0 = c.next_k("r", 0, 1)
@@ -562,6 +573,12 @@ def test_cost_model_probes_only_while_a_probe_could_pay():
     assert slow.next_k("new", 10, 1, remaining=500, catch_up=17, domain="zh") == 2
     assert 2 in [slow.next_k("r", 20 + i, 1, remaining=500, catch_up=2) for i in range(8)]
     assert 2 in [slow.next_k("r", 30 + i, 1, remaining=None, catch_up=17) for i in range(8)]
+    # one failed probe on a domain leaves its acceptance uncertain: a request with a large catch-up
+    # probes again (at the doubled interval), where twenty failures above kept it plain
+    once = _measured(cfg, ((1, 0.21), (5, 0.45), (17, 2.3)), ((1, 0.05), (17, 0.9)), accepted=0)
+    once.domain_counts.clear()
+    once.observe("first", 2, 0)
+    assert 2 in [once.next_k("r2", 10 + i, 1, remaining=500, catch_up=17) for i in range(12)]
     # a model-free proposer (no catch-up, drafts for free) on the same target still probes
     lookup = _measured(cfg, ((1, 0.21), (5, 0.65), (17, 2.3)), ((1, 1e-5),), accepted=0, draft_cost_ratio=0.0)
     assert 2 in [lookup.next_k("r", 10 + i, 1, remaining=100, catch_up=0) for i in range(8)]

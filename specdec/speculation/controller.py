@@ -66,13 +66,14 @@ from specdec.speculation.policy import (ENGINE_ACCEPTANCE, PRIOR_ACCEPTANCE, Dis
 
 log = logging.getLogger("specdec.speculation")
 _REALIZED_WINDOW = 4      # speculative steps whose wall time per token must beat a plain step's
+_HEURISTIC_WINDOW = 10    # drafting steps the heuristic policy's rate is taken over
 
 
 @dataclass
 class RequestSpecState:
     k: int
     acceptance: PositionAcceptance   # this request's own discounted counts per draft position
-    window: deque = field(default_factory=lambda: deque(maxlen=10))  # (drafted, accepted) per drafting step
+    window: deque = field(default_factory=lambda: deque(maxlen=64))  # (drafted, accepted) per drafting step
     fallback: bool = False
     plain_steps: int = 0        # plain steps since the fallback / last probe
     probing: bool = False       # the health check's re-probe is out
@@ -188,8 +189,9 @@ class SpecController:
             # grows with each plain step, and nothing better than the prior can be learnt by waiting
             if st.plain_steps >= (1 if unexplored and not st.failed_probes else self._probe_interval(st)):
                 st.plain_steps = 0
-                # a large catch-up is paid on a best-case bet only while nothing is known of this domain
-                explore = remaining is None or catch_up <= self.max_k + 1 or unexplored
+                # a large catch-up is paid only while this domain's acceptance could still make it pay
+                explore = (remaining is None or catch_up <= self.max_k + 1 or unexplored
+                           or self._could_pay(st, batch_size, remaining, catch_up))
                 if explore and self._probe_can_pay(batch_size, remaining, catch_up):
                     self.num_reprobes += 1
                     st.cost_probe = True
@@ -214,6 +216,15 @@ class SpecController:
         plain, best = per_token[0], per_token[k]
         catch_up_cost = self._catch_up_cost(catch_up, batch_size) if catch_up > 1 else 0.0
         return (plain - best) * remaining > catch_up_cost
+
+    def _could_pay(self, st: RequestSpecState, batch_size: int, remaining: int, catch_up: int) -> bool:
+        """Whether speculation at the acceptance this request's domain could still have (each position's
+        estimate plus two standard deviations of it: one failed probe leaves much room, twenty leave
+        none) would save more over the remaining tokens than the draft's catch-up costs."""
+        bounds = [rate.upper_bound(PRIOR_ACCEPTANCE) for rate in self._counts(st.domain).positions]
+        costs = [self._step_cost(k, batch_size) for k in range(self.max_k + 1)]
+        k, per_token = best_k(bounds, costs, self.config.controller.min_gain)
+        return k > 0 and (per_token[0] - per_token[k]) * remaining > self._catch_up_cost(catch_up, batch_size)
 
     def _best_k(self, request_id: str, batch_size: int) -> tuple[int, list[float]]:
         """The k with the highest expected tokens per second, and seconds per token for every k."""
@@ -287,8 +298,8 @@ class SpecController:
         st.acceptance.observe(num_drafted, num_accepted)
         self._counts(st.domain).observe(num_drafted, num_accepted)
         st.window.append((num_drafted, num_accepted))
-        if self.config.policy == "heuristic" and len(st.window) == st.window.maxlen:
-            rate = _rate(st.window)
+        if self.config.policy == "heuristic" and len(st.window) >= _HEURISTIC_WINDOW:
+            rate = _rate(list(st.window)[-_HEURISTIC_WINDOW:])
             if rate > 0.8:
                 st.k = min(st.k + 1, self.max_k)
             elif rate < 0.5:
@@ -315,8 +326,8 @@ class SpecController:
                 log.info("request %s: acceptance recovered (%d/%d), speculation resumes",
                          request_id, accepted, drafted)
             return
-        recent = list(st.window)[-cfg.health_window:]
-        if not st.fallback and len(recent) >= cfg.health_window and _rate(recent) < cfg.acceptance_threshold:
+        recent = _health_window(st.window, cfg.health_window)
+        if not st.fallback and recent and _rate(recent) < cfg.acceptance_threshold:
             st.fallback, st.plain_steps = True, 0
             self.num_fallbacks += 1
             log.warning("request %s: acceptance %.2f below %.2f over %d steps; falling back to plain decoding",
@@ -371,6 +382,20 @@ class SpecController:
 
     def free(self, request_id: str) -> None:
         self.states.pop(request_id, None)
+
+
+def _health_window(window: deque, steps: int) -> list[tuple[int, int]]:
+    """The newest drafting steps the health check judges: at least `steps` of them holding at least
+    2 * `steps` drafts (at k = 1 a window of 8 drafts trips on chance: 3 of 8 at a true 0.65 happens
+    one window in ten), or nothing while the history is shorter."""
+    out: list[tuple[int, int]] = []
+    drafted = 0
+    for step in reversed(window):
+        out.append(step)
+        drafted += step[0]
+        if len(out) >= steps and drafted >= 2 * steps:
+            return out[::-1]
+    return []
 
 
 def _rate(window) -> float:

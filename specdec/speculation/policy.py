@@ -7,6 +7,7 @@ apart. Nothing here knows where costs come from or what a request is: callers pa
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 PRIOR_ACCEPTANCE = 0.6   # a draft position's acceptance before anything was verified
@@ -94,6 +95,13 @@ class DiscountedRate:
         """The rate, pulled toward `prior`; the prior itself while nothing weighs."""
         m = self.tuning.prior_strength
         return (self.hits + m * prior) / (self.trials + m) if self.trials + m > 0 else prior
+
+    def upper_bound(self, prior: float, sigmas: float = 2.0) -> float:
+        """The estimate plus `sigmas` standard deviations of its Beta posterior, at most 1: what the rate
+        could still be after few trials (far above the estimate), or after many (close to it)."""
+        n = self.trials + self.tuning.prior_strength
+        mean = self.estimate(prior)
+        return min(1.0, mean + sigmas * math.sqrt(mean * (1.0 - mean) / (n + 1.0)))
 
     @classmethod
     def pooled(cls, rates: list[DiscountedRate], tuning: Tuning) -> DiscountedRate:
