@@ -613,21 +613,26 @@ def test_cost_model_learns_what_whole_steps_cost():
 def test_speculation_that_loses_in_wall_time_holds_plain_decoding():
     """Whatever the forward costs predict, a request whose speculative steps cost more wall time per
     emitted token than a plain step holds plain decoding for a probe interval, doubled each time;
-    steps that win leave it speculating. Deterministic mode ignores wall times."""
+    steps that win, or lose within min_gain (noise), leave it speculating. Deterministic mode ignores
+    wall times."""
+    from specdec.speculation.controller import _REALIZED_WINDOW as window
     cfg = controlled(4, acceptance_threshold=0.0, reprobe_interval=8)
     c = _measured(cfg, ((1, 0.20), (2, 0.27), (5, 0.50), (40, 3.2)), ((1, 0.05),), accepted=1)
     k = c.next_k("r", 10, 1, remaining=1000)
     assert k > 0
     plain = c._step_cost(0, 1)
-    for _ in range(4):  # winning: 2 tokens for 1.5 plain steps
+    for _ in range(window):  # winning: 2 tokens for 1.5 plain steps
         c.record_request_step("r", k, 1, 1.5 * plain, 2)
     assert c.states["r"].hold == 0 and c.next_k("r", 11, 1, remaining=1000) > 0
-    for _ in range(4):  # losing: 2 tokens for 2.2 plain steps
+    for _ in range(window):  # a 2 % loss: 2 tokens for 2.04 plain steps
+        c.record_request_step("r", k, 1, 2.04 * plain, 2)
+    assert c.states["r"].hold == 0
+    for _ in range(window):  # losing: 2 tokens for 2.2 plain steps
         c.record_request_step("r", k, 1, 2.2 * plain, 2)
     assert c.states["r"].hold == 8
     assert [c.next_k("r", 12 + i, 1, remaining=1000) for i in range(8)] == [0] * 8
     assert c.next_k("r", 20, 1, remaining=1000) > 0  # the prediction decides again ...
-    for _ in range(4):
+    for _ in range(window):
         c.record_request_step("r", k, 1, 2.2 * plain, 2)
     assert c.states["r"].hold == 16  # ... and losing again waits twice as long
     d = SpecController(controlled(4, deterministic=True))

@@ -65,7 +65,9 @@ from specdec.speculation.policy import (ENGINE_ACCEPTANCE, PRIOR_ACCEPTANCE, Dis
                                         Tuning, best_k)
 
 log = logging.getLogger("specdec.speculation")
-_REALIZED_WINDOW = 4      # speculative steps whose wall time per token must beat a plain step's
+# speculative steps whose wall time per token must beat a plain step's: acceptance comes in runs (a
+# comment inside code, a list in prose), and 4 steps lost by chance held a 1.4x request plain for 48 steps
+_REALIZED_WINDOW = 12
 _HEURISTIC_WINDOW = 10    # drafting steps the heuristic policy's rate is taken over
 
 
@@ -354,8 +356,9 @@ class SpecController:
     def record_request_step(self, request_id: str, k: int, batch_size: int, seconds: float, tokens: int) -> None:
         """A whole decode step (as in `record_step`) in which this request drafted k tokens and emitted
         `tokens`. Over its last few such steps, the wall time per emitted token must beat what a
-        plain step is predicted to cost; if not, the request holds plain decoding for a probe interval
-        and the interval doubles (cost_model only; deterministic mode ignores wall times)."""
+        plain step is predicted to cost, give or take `min_gain` (noise, not a loss); if not, the request
+        holds plain decoding for a probe interval and the interval doubles (cost_model only;
+        deterministic mode ignores wall times)."""
         if (k == 0 or self.config.policy != "cost_model" or self.config.controller.deterministic
                 or self._unit(batch_size) is None):
             return
@@ -366,7 +369,7 @@ class SpecController:
         spent = sum(s for s, _, _ in st.realized)
         emitted = sum(t for _, t, _ in st.realized)
         plain = sum(p for _, _, p in st.realized) / len(st.realized)
-        if spent > plain * emitted:
+        if spent > plain * emitted * (1 + self.config.controller.min_gain):
             st.hold = self._probe_interval(st)
             st.failed_probes += 1
             st.realized.clear()
