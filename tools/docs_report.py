@@ -43,6 +43,12 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-steps-prices-pairs-xeon-amx": ("2026-12-05", "xeon-amx", "the three prices on a Xeon after the per-32 "
+                                          "tiles that take two features a vector: the draft as the file holds it "
+                                          "and as it runs by default, the target, beside llama.cpp"),
+    "bench-draft-pairs-xeon-amx": ("2026-12-05", "xeon-amx", "issue 42's bench on a Xeon after the cheaper draft "
+                                   "step and the cost model's fixes: plain, the draft model under the cost model "
+                                   "and at k = 4, the hybrid, llama.cpp and OpenVINO GenAI's speculation"),
     "bench-draft-huge-xeon-amx": ("2026-12-05", "xeon-amx", "issue 42's bench on a Xeon with the weights in huge "
                                   "pages: plain, the draft model, the hybrid, llama.cpp and OpenVINO GenAI's speculation"),
     "bench-steps-prices-xeon-amx": ("2026-12-05", "xeon-amx", "the three prices on a Xeon: the draft as the file "
