@@ -46,6 +46,8 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "bench-steps-prices-pairs-xeon-amx": ("2026-12-05", "xeon-amx", "the three prices on a Xeon after the per-32 "
                                           "tiles that take two features a vector: the draft as the file holds it "
                                           "and as it runs by default, the target, beside llama.cpp"),
+    "bench-step-overhead-xeon-amx": ("2026-12-05", "xeon-amx", "the step outside the forwards on a Xeon, plain "
+                                     "and with the draft model at k = 4, after the cheaper draft step"),
     "bench-draft-pairs-xeon-amx": ("2026-12-05", "xeon-amx", "issue 42's bench on a Xeon after the cheaper draft "
                                    "step and the cost model's fixes: plain, the draft model under the cost model "
                                    "and at k = 4, the hybrid, llama.cpp and OpenVINO GenAI's speculation"),
