@@ -131,9 +131,11 @@ def test_steps_bench_times_rows_per_model_and_precision(tmp_path, monkeypatch, c
     monkeypatch.setattr(steps, "SHAPES", tiny)
     out, png = tmp_path / "steps.json", tmp_path / "steps.png"
     args = ["bench", "steps", "--shapes", "tiny-draft,tiny-target", "--rows", "1,3,8", "--context", "20",
-            "--repeats", "2", "--device", on_device(), "--out", str(out), "--plot", str(png)]
+            "--repeats", "2", "--device", on_device(), "--out", str(out), "--plot", str(png), "--threads", "1"]
+    before = torch.get_num_threads()
     assert main(args) == 0
     report = json.loads(out.read_text())
+    assert report["threads"] == 1 and torch.get_num_threads() == before  # --threads applies, then is undone
     assert {(r["model"], r["precision"], r["rows"]) for r in report["results"]} == {
         (m, p, n) for m in tiny for p in ("float32", "bfloat16") for n in (1, 3, 8)}
     assert all(0 < r["ms_min"] <= r["ms"] <= r["ms_max"] for r in report["results"])
@@ -147,6 +149,7 @@ def test_steps_bench_times_rows_per_model_and_precision(tmp_path, monkeypatch, c
     assert all(v["draft"] == "tiny-draft" and v["c"] > 0 for v in report["draft_cost_ratio"].values())
     assert png.stat().st_size > 1000
     assert main(["bench", "steps", "--shapes", "nonesuch", "--out", str(tmp_path / "x.json")]) == 2
+    assert main(["bench", "steps", "--threads", "0", "--out", str(tmp_path / "x.json")]) == 2
     assert main(["bench", "steps", "--precisions", "int4", "--out", str(tmp_path / "x.json")]) == 2
     assert "no shapes for" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
 

@@ -336,10 +336,17 @@ def run_steps_bench(a) -> dict:
     precisions = (a.precisions or "float32,bfloat16").split(",")
     bad = [p for p in precisions if p not in (*DTYPES, PEER) and not _int_mode(p)]
     rows = [int(n) for n in a.rows.split(",")]
-    if bad or a.context < 1 or a.repeats < 1 or min(rows) < 1:
+    threads = getattr(a, "threads", None)
+    if bad or a.context < 1 or a.repeats < 1 or min(rows) < 1 or (threads is not None and threads < 1):
         raise ValueError(f"steps: precisions from {', '.join((*DTYPES, *INT_MODES, PEER))} (an int4 mode may add "
                          f":{'|'.join(REQUANT)}, requantized as a draft may be, :vocab=N, a sub-vocabulary's "
                          "output layer, and :kv=float32|float16|int8), "
-                         "--context, --repeats and --rows >= 1")
+                         "--context, --repeats, --rows and --threads >= 1")
     require_plotting(a.plot, "specdec bench steps")
-    return run(a.shapes.split(","), precisions, a.device, rows, a.context, a.repeats, a.out, a.plot or None)
+    before = torch.get_num_threads()
+    if threads is not None:  # every forward, the peaks and the peer run on this many threads
+        torch.set_num_threads(threads)
+    try:
+        return run(a.shapes.split(","), precisions, a.device, rows, a.context, a.repeats, a.out, a.plot or None)
+    finally:
+        torch.set_num_threads(before)
