@@ -91,7 +91,7 @@ class DraftConfig:
 class ControllerConfig:
     """k per request (speculation/controller.py): the health check, probes and the cost model."""
     acceptance_threshold: float = 0.4      # health check: rolling acceptance below this -> plain decoding
-    health_window: int = 8                 # drafting steps in the rolling window
+    health_window: int = 8                 # drafting steps in the rolling window (more, to hold 2 drafts a step)
     reprobe_interval: int = 16             # plain steps between re-probes after a fallback
     reprobe_k: int = 2
     ema_alpha: float = 0.3                 # weight of the newest step's wall/predicted ratio in its EMA

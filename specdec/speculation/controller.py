@@ -39,16 +39,17 @@ Policies (SpeculativeConfig.policy; the knobs below are SpeculativeConfig.contro
     time to predicted forward time for its k (`record_step`), and a k that loses in practice stops
     being chosen even where the forward costs alone say it wins. A last check needs no model at all:
     when a request's last `_REALIZED_WINDOW` speculative steps cost more wall time per emitted token
-    than a plain step is predicted to cost (`record_request_step`), it decodes plainly for a probe
-    interval, doubled each time this repeats, whatever the prediction says.
+    than a plain step is predicted to cost, by more than `min_gain` (`record_request_step`), it decodes
+    plainly for a probe interval, doubled each time this repeats, whatever the prediction says.
     With `deterministic=True` the costs are static (draft_cost_ratio, verify_cost_slope,
     prefill_cost_ratio), so k depends on acceptance counts alone and a seed fixes the text, not only
     its distribution.
 
 Health check (every policy): when a request's acceptance over its last `health_window` drafting steps
-falls below `acceptance_threshold`, it falls back to plain decoding, logs a warning and counts an
-alert; every `reprobe_interval` plain steps (doubled after each failed probe, up to 16 times) it
-re-probes with `reprobe_k` drafts and resumes when the probe's acceptance clears the threshold.
+(more where they hold fewer than 2 * `health_window` drafts) falls below `acceptance_threshold`, it
+falls back to plain decoding, logs a warning and counts an alert; every `reprobe_interval` plain steps
+(doubled after each failed probe, up to 16 times) it re-probes with `reprobe_k` drafts and resumes when
+the probe's acceptance clears the threshold.
 Under exact verification none of this changes the output, only the speed; the same holds for the
 long-output guard (plain_interval_after / _steps).
 """
@@ -66,7 +67,7 @@ from specdec.speculation.policy import (ENGINE_ACCEPTANCE, PRIOR_ACCEPTANCE, Dis
 
 log = logging.getLogger("specdec.speculation")
 # speculative steps whose wall time per token must beat a plain step's: acceptance comes in runs (a
-# comment inside code, a list in prose), and 4 steps lost by chance held a 1.4x request plain for 48 steps
+# comment inside code, a list in prose), so a few steps can lose by chance in a request that wins
 _REALIZED_WINDOW = 12
 _HEURISTIC_WINDOW = 10    # drafting steps the heuristic policy's rate is taken over
 
@@ -75,7 +76,7 @@ _HEURISTIC_WINDOW = 10    # drafting steps the heuristic policy's rate is taken 
 class RequestSpecState:
     k: int
     acceptance: PositionAcceptance   # this request's own discounted counts per draft position
-    window: deque = field(default_factory=lambda: deque(maxlen=64))  # (drafted, accepted) per drafting step
+    window: deque = field(default_factory=deque)  # (drafted, accepted) per drafting step (_state bounds it)
     fallback: bool = False
     plain_steps: int = 0        # plain steps since the fallback / last probe
     probing: bool = False       # the health check's re-probe is out
@@ -124,8 +125,10 @@ class SpecController:
         st = self.states.get(request_id)
         if st is None:
             k = self.max_k if self.config.policy != "heuristic" else max(1, self.max_k // 2)
+            # the health check may need 2 * health_window steps of one draft each
+            window = deque(maxlen=max(_HEURISTIC_WINDOW, 2 * self.config.controller.health_window))
             st = self.states[request_id] = RequestSpecState(
-                k, PositionAcceptance(self.max_k, self._request_tuning), domain=domain)
+                k, PositionAcceptance(self.max_k, self._request_tuning), window, domain=domain)
         return st
 
     def _counts(self, domain: str | None) -> PositionAcceptance:
