@@ -196,7 +196,7 @@ class SpecController:
                 st.plain_steps = 0
                 # a large catch-up is paid only while this domain's acceptance could still make it pay
                 explore = (remaining is None or catch_up <= self.max_k + 1 or unexplored
-                           or self._could_pay(st, batch_size, remaining, catch_up))
+                           or self._probe_can_pay(batch_size, remaining, catch_up, self._acceptance_bounds(st)))
                 if explore and self._probe_can_pay(batch_size, remaining, catch_up):
                     self.num_reprobes += 1
                     st.cost_probe = True
@@ -208,12 +208,14 @@ class SpecController:
         failed (up to 16 times): a probe verifies k + 1 rows, which on a CPU costs nearly k + 1 steps."""
         return self.config.controller.reprobe_interval << min(st.failed_probes, 4)
 
-    def _probe_can_pay(self, batch_size: int, remaining: int | None, catch_up: int) -> bool:
-        """Best case for a probe: every draft accepted from now on. That must clear `min_gain` (else the
-        costs alone keep k at 0, whatever the probe finds) and save more over the remaining tokens
-        than the draft's catch-up prefill costs (the draft must process every token it skipped)."""
+    def _probe_can_pay(self, batch_size: int, remaining: int | None, catch_up: int,
+                       acceptance: list[float] | None = None) -> bool:
+        """Whether drafting at `acceptance` per position (None: the best case, every draft accepted from
+        now on) clears `min_gain` (else the costs alone keep k at 0, whatever a probe finds) and saves
+        more over the remaining tokens than the draft's catch-up prefill costs (the draft must process
+        every token it skipped)."""
         costs = [self._step_cost(k, batch_size) for k in range(self.max_k + 1)]
-        k, per_token = best_k([1.0] * self.max_k, costs, self.config.controller.min_gain)
+        k, per_token = best_k(acceptance or [1.0] * self.max_k, costs, self.config.controller.min_gain)
         if k == 0:
             return False
         if remaining is None:
@@ -222,14 +224,10 @@ class SpecController:
         catch_up_cost = self._catch_up_cost(catch_up, batch_size) if catch_up > 1 else 0.0
         return (plain - best) * remaining > catch_up_cost
 
-    def _could_pay(self, st: RequestSpecState, batch_size: int, remaining: int, catch_up: int) -> bool:
-        """Whether speculation at the acceptance this request's domain could still have (each position's
-        estimate plus two standard deviations of it: one failed probe leaves much room, twenty leave
-        none) would save more over the remaining tokens than the draft's catch-up costs."""
-        bounds = [rate.upper_bound(PRIOR_ACCEPTANCE) for rate in self._counts(st.domain).positions]
-        costs = [self._step_cost(k, batch_size) for k in range(self.max_k + 1)]
-        k, per_token = best_k(bounds, costs, self.config.controller.min_gain)
-        return k > 0 and (per_token[0] - per_token[k]) * remaining > self._catch_up_cost(catch_up, batch_size)
+    def _acceptance_bounds(self, st: RequestSpecState) -> list[float]:
+        """The acceptance this request's domain could still have at each position: its estimate plus two
+        standard deviations (one failed probe leaves much room, twenty leave none)."""
+        return [rate.upper_bound(PRIOR_ACCEPTANCE) for rate in self._counts(st.domain).positions]
 
     def _best_k(self, request_id: str, batch_size: int) -> tuple[int, list[float]]:
         """The k with the highest expected tokens per second, and seconds per token for every k."""
