@@ -7,6 +7,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+import torch
 
 from specdec.models import registry
 from specdec.models.gguf_loader import ModelFileError
@@ -236,10 +237,42 @@ def test_a_requantized_draft_packs_its_wide_matrices_at_4_bits(home, tiny_llama)
     from specdec.models.gguf_packed import REQUANT
     assert set(DRAFT_REQUANTIZE) == {None, "auto", *REQUANT}  # the config's choices are the packer's
     assert load_model(str(tiny_llama), "int4-a8", progress=False, requant="q4_1").cache_hit
-    # auto: requantized where an int4 mode meets wide matrices, the file's blocks elsewhere
-    assert load_model(str(tiny_llama), "int4-a8", progress=False, requant="auto").requantized == "q4_1"
+    # auto: requantized where an int4 mode meets wide matrices (q4_64 under int4-a8), the file's blocks elsewhere
+    assert load_model(str(tiny_llama), "int4-a8", progress=False, requant="auto").requantized == "q4_64"
+    assert load_model(str(tiny_llama), "int4", progress=False, requant="auto").requantized == "q4_1"
     assert load_model(str(tiny_llama), "float32", progress=False, requant="auto").requantized is None
     with pytest.raises(ValueError, match="int4 precision"):
         load_model(str(tiny_llama), "float32", progress=False, requant="q4_1")
     with pytest.raises(ValueError, match="requantize must be one of"):
         load_model(str(tiny_llama), "int4-a8", progress=False, requant="q2")
+
+
+@pytest.mark.parametrize("fmt,bits", [("q4_64", 4), ("q3_64", 3)])
+def test_a_draft_requantized_per_64_values_packs_every_matrix_but_the_embedding(home, tiny_llama, fmt, bits):
+    """q4_64 / q3_64: the matrices a step streams (here every packed type is wider) become `bits`-bit codes
+    with a scale and an offset per 64 values, nearly all within half a step of the file's values (the
+    least-squares fit may clip a group's extremes); the embedding stays the file's; only int4-a8 reads them."""
+    from specdec.models.gguf_packed import REQUANT
+    from specdec.models.loader import load_model
+    from specdec.quant.packed import QuantLinear
+    file = load_model(str(tiny_llama), "int4-a8", progress=False)
+    low = load_model(str(tiny_llama), "int4-a8", progress=False, requant=fmt)
+    assert low.requantized == fmt and not low.cache_hit
+    narrowed = 0
+    for name, w in file.weights.items():
+        if not isinstance(w, QuantLinear):
+            continue
+        for a, b in zip(w.parts, low.weights[name].parts):
+            if not hasattr(a, "bits"):
+                continue
+            if name == "embed" or a.cols % 64:
+                assert (b.bits, b.group) == (a.bits, a.group) and torch.equal(b.codes, a.codes), name
+                continue
+            assert (b.bits, b.group) == (bits, 64) and b.offset is not None, name
+            ref, got = a.dequantize().view(a.rows, -1, 64), b.dequantize().view(a.rows, -1, 64)
+            step = (ref.amax(-1, keepdim=True) - ref.amin(-1, keepdim=True)) / (2 ** bits - 1)
+            assert ((got - ref).abs() <= 0.51 * step + 1e-6).float().mean() > 0.99, name
+            narrowed += 1
+    assert narrowed > 0 and REQUANT[fmt].gguf_type is None
+    with pytest.raises(ValueError, match="int4-a8's integer kernels only"):
+        load_model(str(tiny_llama), "int4", progress=False, requant=fmt)

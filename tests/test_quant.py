@@ -20,6 +20,7 @@ from specdec.llm import LLM
 from specdec.quant import kernel, kv_format, packed
 from specdec.quant.gguf_blocks import PACKABLE, decode
 from specdec.quant.packed import QuantLinear, QuantTensor
+from specdec.quant.requantize import requantize
 from specdec.sampling_params import SamplingParams
 
 ROWS, COLS = 24, 512
@@ -60,10 +61,21 @@ def _layers():
     out = {}
     for qtype in (Q.Q4_K, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q6_K, Q.Q5_K):
         out[qtype.name] = QuantTensor.from_codes(decode(_random_blocks(qtype, rng), qtype, ROWS, COLS))
+    for bits in (4, 3):  # a draft's matrices requantized per 64 values (models/gguf_packed.py)
+        out[f"R{bits}_64"] = QuantTensor.from_codes(requantize(rng.standard_normal((ROWS, COLS)).astype(np.float32),
+                                                               bits, 64))
     return out
 
 
 LAYERS = _layers()
+REQUANTIZED = [n for n in LAYERS if n.startswith("R")]  # read by int4-a8's integer paths only
+
+
+def _with_acts(acts: tuple[int, ...]):
+    """(name, act) pairs: every layer under each act its kernels take."""
+    ids = {0: "int4", 8: "int4-a8", 16: "int4-a16"}
+    pairs = [(n, a) for a in acts for n in LAYERS if a == 8 or n not in REQUANTIZED]
+    return pytest.mark.parametrize("name,act", pairs, ids=[f"{n}-{ids[a]}" for n, a in pairs])
 
 
 @pytest.fixture(params=["kernel", "fallback"])
@@ -79,8 +91,7 @@ def path(request, monkeypatch):
 ACTS = pytest.mark.parametrize("act", [0, 8, 16], ids=["int4", "int4-a8", "int4-a16"])
 
 
-@ACTS
-@pytest.mark.parametrize("name", list(LAYERS))
+@_with_acts((0, 8, 16))
 def test_quantized_linear_matches_float64_and_is_batch_invariant(name, path, act):
     """Each product is dequant(W) . x_used in float64 up to float32 accumulation, where x_used is x
     (int4), or x rounded as the kernel rounds it: under int4-a8 the offsets too see the rounded x
@@ -119,8 +130,7 @@ def test_int8_offsets_multiply_the_rounded_activations(name):
     assert torch.allclose(packed.offset_sums(x, qt.group, 8, qt.act8_block).double(), xs(xr), rtol=1e-6, atol=1e-5)
 
 
-@ACTS
-@pytest.mark.parametrize("name", list(LAYERS))
+@_with_acts((0, 8, 16))
 def test_many_rows_pass_over_the_weights_in_blocks_with_the_same_results(name, act):
     """Long prefills go in row blocks that fit the L2 cache (int4-a8), or 8 rows at a time over slices
     of k and chunks of features (int4): a row is bitwise the same alone, inside the first block, or
@@ -148,8 +158,7 @@ def avx2_then_best():
     kernel.isa("best")
 
 
-@pytest.mark.parametrize("act", [8, 16], ids=["int4-a8", "int4-a16"])
-@pytest.mark.parametrize("name", list(LAYERS))
+@_with_acts((8, 16))
 def test_vnni_and_avx2_paths_are_bitwise_equal(name, act, avx2_then_best):
     """The VNNI build of the integer paths computes the same exact integer sums and the same float
     operations as the AVX2 build: any row count, bitwise. Extreme activations reach the codes' and
@@ -171,6 +180,27 @@ def test_vnni_and_avx2_paths_are_bitwise_equal(name, act, avx2_then_best):
         assert torch.equal(lin(x[r]), ref), r
 
 
+@pytest.mark.parametrize("bits", [4, 3])
+def test_requantized_codes_fit_each_group_at_least_as_well_as_its_range(bits):
+    """The least-squares fit per 64 values: codes in range, packed and read back exactly, and a squared
+    error no larger than the range's own scale and minimum give (the fit tries that scale first)."""
+    rng = np.random.default_rng(bits)
+    w = (rng.standard_normal((40, 256)) * rng.uniform(0.1, 3, (40, 1))).astype(np.float32)
+    w[3] = 0.5  # a constant row: every code equal, the offset carries it
+    c = requantize(w, bits, 64)
+    assert c.q.min() >= 0 and c.q.max() < 2 ** bits and c.scale.shape == (40, 4) and (c.scale > 0).all()
+    qt = QuantTensor.from_codes(c)
+    assert qt.codes.shape == (40, 256 * bits // 8) and torch.equal(qt.int_codes(), torch.from_numpy(c.q).int())
+    fitted = (qt.dequantize().numpy() - w).reshape(40, 4, 64)
+    g = w.reshape(40, 4, 64)
+    lo, step = g.min(-1, keepdims=True), (g.max(-1, keepdims=True) - g.min(-1, keepdims=True)) / (2 ** bits - 1)
+    naive = np.where(step > 0, np.round((g - lo) / np.where(step > 0, step, 1)) * step + lo, g) - g
+    assert (np.square(fitted).sum(-1) <= np.square(naive).sum(-1) * (1 + 1e-4) + 1e-12).all()
+    assert np.abs(fitted[3]).max() == 0
+    with pytest.raises(ValueError, match="whole number of 64-value groups"):
+        requantize(w[:, :96], bits, 64)
+
+
 def test_kernel_and_fallback_agree_and_mixed_parts_fill_their_columns(monkeypatch):
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
@@ -188,8 +218,9 @@ def test_kernel_and_fallback_agree_and_mixed_parts_fill_their_columns(monkeypatc
         assert ((y.double() - ref).abs() <= bound).all()
 
 
-@pytest.mark.parametrize("act,names", [(8, ["Q4_K", "Q5_0", "Q6_K", "Q4_K", "Q8_0"]), (16, ["Q4_K", "Q6_K", "Q4_K"])],
-                         ids=["int4-a8", "int4-a16"])
+@pytest.mark.parametrize("act,names", [(8, ["Q4_K", "Q5_0", "Q6_K", "Q4_K", "Q8_0"]), (8, ["R4_64", "R3_64", "R4_64"]),
+                                       (16, ["Q4_K", "Q6_K", "Q4_K"])],
+                         ids=["int4-a8", "int4-a8-requantized", "int4-a16"])
 def test_a_fused_projection_equals_its_parts_called_alone(act, names):
     """q|k|v-like parts of mixed layouts in one `qlinear_parts` call (x rounded once per way the parts
     read it, one fork): every part's columns are bitwise what it gives alone, at 1 to 70 rows."""
@@ -217,7 +248,7 @@ def test_prompt_rows_are_bitwise_the_rows_alone(act):
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
     from specdec.quant.decoder import describe_linear
     keep: list = []
-    names = ["Q6_K", "Q4_K", "Q5_0"] * 4 if act == 8 else ["Q4_K", "Q6_K"] * 6
+    names = ["Q6_K", "Q4_K", "Q5_0", "R3_64", "R4_64"] * 3 if act == 8 else ["Q4_K", "Q6_K"] * 6
     lin = QuantLinear([LAYERS[n] for n in names], act)  # held: desc points into its scales
     desc = describe_linear(lin, None, keep)
     x = torch.randn(100, COLS, generator=torch.Generator().manual_seed(7))
@@ -422,9 +453,13 @@ def test_an_older_packed_cache_is_packed_again(tiny_kquant, tmp_path, monkeypatc
     assert load_model(str(tiny_kquant), "int4-a8", progress=False).cache_hit
 
 
-@pytest.mark.parametrize("precision", ["int4", "int4-a16", "int4-a8"])
-@pytest.mark.parametrize("method,draft,requantize", [("ngram", None, None), ("draft_model", "tiny_llama", None),
-                                                    ("draft_model", "tiny_llama", "q4_1")])
+_SPEC_CASES = [(p, *case) for p in ("int4", "int4-a16", "int4-a8")
+               for case in (("ngram", None, None), ("draft_model", "tiny_llama", None),
+                            ("draft_model", "tiny_llama", "q4_1"))]
+_SPEC_CASES += [("int4-a8", "draft_model", "tiny_llama", fmt) for fmt in ("q4_64", "q3_64")]  # int8 paths only
+
+
+@pytest.mark.parametrize("precision,method,draft,requantize", _SPEC_CASES)
 @pytest.mark.parametrize("target", ["tiny_qwen", "tiny_kquant"])
 def test_int4_speculative_equals_plain_greedy(target, request, method, draft, requantize, precision):
     model = str(request.getfixturevalue(target))

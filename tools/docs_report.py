@@ -43,6 +43,12 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-steps-prices-q64-xeon-amx": ("2026-12-06", "xeon-amx", "the three prices on a Xeon with the draft "
+                                        "requantized per 64 values (4 and 3 bits) beside its 4-bit per-32 form, "
+                                        "the target and llama.cpp"),
+    "bench-draft-q64-xeon-amx": ("2026-12-06", "xeon-amx", "issue 42's bench on a Xeon: the draft requantized "
+                                 "to 4 bits per 64 values (the new default), per 32, and to 3 bits per 64, under "
+                                 "the cost model, the hybrid, llama.cpp and OpenVINO GenAI's speculation"),
     "bench-steps-prices-pairs-xeon-amx": ("2026-12-05", "xeon-amx", "the three prices on a Xeon after the per-32 "
                                           "tiles that take two features a vector: the draft as the file holds it "
                                           "and as it runs by default, the target, beside llama.cpp"),
@@ -215,6 +221,9 @@ ARM_LABELS = {
     "draft_q4_fixed": "draft requantized to 4 bits, fixed k",
     "draft_q4_cost_model": "draft requantized to 4 bits, cost model",
     "draft_q4_subvocab_fixed": "draft requantized to 4 bits, 32k sub-vocabulary, fixed k",
+    "draft_q4_1_cost_model": "draft as q4_1 (4 bits per 32), cost model",
+    "draft_q4_64_cost_model": "draft as q4_64 (4 bits per 64), cost model",
+    "draft_q3_64_cost_model": "draft as q3_64 (3 bits per 64), cost model",
     "suffix": "suffix", "hybrid": "hybrid (suffix or draft)",
 }
 

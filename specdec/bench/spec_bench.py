@@ -26,6 +26,7 @@ from specdec.extras import require_plotting
 from specdec.bench.peers import DRAFTED_PEERS, check_peers, make_peers, peer_entry, run_peer
 from specdec.config import CacheConfig, DraftConfig, EngineConfig, ModelConfig, SpeculativeConfig
 from specdec.fileio import atomic_write_text
+from specdec.models.gguf_packed import REQUANT
 from specdec.prompts import read_set
 from specdec.sampling_params import SamplingParams
 
@@ -47,6 +48,8 @@ ARMS = {
     "draft_q4_fixed": ("draft_model", "fixed"),
     "draft_q4_cost_model": ("draft_model", "cost_model"),
     "draft_q4_subvocab_fixed": ("draft_model", "fixed"),
+    # the draft requantized to each format of REQUANT, scoring the defaults' sub-vocabulary
+    **{f"draft_{fmt}_{policy}": ("draft_model", policy) for fmt in REQUANT for policy in ("fixed", "cost_model")},
 }
 REQUANT_ARMS = "q4_1"  # what the draft_q4 arms' draft is requantized to
 SUBVOCAB_SIZE = 32768
@@ -73,8 +76,15 @@ def _arm_llm(name: str, a, target, draft):
     return LLM(config=cfg, loaded=target, draft_loaded=draft if _needs_draft(name) else None, progress=False)
 
 
+def _format(arm: str) -> str | None:
+    """The REQUANT format an arm names (draft_q4_64_fixed: q4_64), if any."""
+    return next((fmt for fmt in REQUANT if arm.startswith(f"draft_{fmt}_")), None)
+
+
 def _requant(arm: str) -> str | None:
-    """How the arm's draft is packed: the defaults' auto, or the file's blocks, or q4_1."""
+    """How the arm's draft is packed: the defaults' auto, or the file's blocks, or a named format."""
+    if _format(arm):
+        return _format(arm)
     if arm.startswith("draft_q4"):
         return REQUANT_ARMS
     return None if arm.startswith(("draft_file", "draft_subvocab")) else "auto"
@@ -84,6 +94,8 @@ def _vocab(arm: str) -> int | str | None:
     """What the arm's draft scores: the defaults' auto, all, or the 32k sub-vocabulary."""
     if "subvocab" in arm:
         return SUBVOCAB_SIZE
+    if _format(arm):
+        return "auto"
     return None if arm.startswith(("draft_file", "draft_q4")) else "auto"
 
 

@@ -7,9 +7,10 @@ of n new rows of one sequence after a context of `--context` tokens, logits at e
 through the engine's own ModelRunner (1 row: a decode step; k + 1: verifying k drafts; more: a
 prefill chunk); median with min-max of `--repeats` rounds, every setting loaded at once and timed
 interleaved within each round (`time_settings`). Reports milliseconds, the verification ratio
-t(n) / t(1), each setting's per-round ratio to the first precision listed, and
+t(n) / t(1), each setting's per-round ratio to the first precision listed for its model, and
 c = t_draft(1) / t_target(1) for each draft / target pair: the numbers the cost-model controller
-learns. On the CPU, each forward is also stated against its bound on this machine: the larger of its
+learns. With several models, a setting only drafts run (requantized, or a sub-vocabulary) times the
+first model (the draft) alone. On the CPU, each forward is also stated against its bound on this machine: the larger of its
 memory time (the weights and the context's keys and values read once at the measured read bandwidth)
 and its compute time (n rows' multiply-adds at the int8 peak the kernels' own instructions reach,
 `kernel.int8_peak`). JSON and a PNG.
@@ -79,7 +80,7 @@ def _weights(name: str, precision: str, device: torch.device) -> tuple[LlamaConf
 
 
 def _options(precision: str) -> tuple[str, str | None, str, int | None]:
-    """'int4-a8', 'int4-a8:q4_1' (requantized at pack time, as drafts may be), then ':vocab=N' (an
+    """'int4-a8', 'int4-a8:q4_64' (requantized at pack time, as drafts may be: gguf_packed.REQUANT), then ':vocab=N' (an
     output layer of N rows, as a draft's sub-vocabulary), then ':kv=float32|float16|int8' (a K/V cache
     format other than auto's) -> (mode, requant or None, kv choice, vocab rows: None for all, -1 if bad)."""
     rest, kv = split_kv(precision)
@@ -87,6 +88,13 @@ def _options(precision: str) -> tuple[str, str | None, str, int | None]:
     mode, _, requant = rest.partition(":")
     rows = None if not found else int(vocab) if vocab.isdigit() and int(vocab) > 0 else -1
     return mode, requant or None, kv, rows
+
+
+def _draft_only(precision: str) -> bool:
+    """A setting only a draft runs (requantized, or a sub-vocabulary): with several models, the first
+    (the draft) is timed with it and the rest are not."""
+    _, requant, _, vocab = _options(precision)
+    return requant is not None or vocab is not None
 
 
 def _target_setting(precision: str) -> str:
@@ -243,7 +251,7 @@ def time_settings(settings: dict, rows: list[int], repeats: int) -> dict:
 def run(models: list[str], precisions: list[str], device: str, rows: list[int], context: int, repeats: int,
         out: str, plot: str | None) -> dict:
     """All (precision, model) settings are loaded at once and timed interleaved; each row count's
-    ratio to the first precision is taken per round (median with min-max)."""
+    ratio to the model's first precision is taken per round (median with min-max)."""
     dev = torch.device(device)
     unknown = [m for m in models if m not in SHAPES]
     if unknown:
@@ -251,18 +259,20 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
     settings = {}
     with_bounds = dev.type == "cpu" and any(_int_mode(p) for p in precisions) and _kernel_available()
     peaks = measure_peaks(torch.get_num_threads()) if with_bounds else None
+    timed = [(precision, name) for precision in precisions for name in models
+             if name == models[0] or len(models) == 1 or not _draft_only(precision)]
     try:
-        for precision in precisions:
-            for name in models:
-                print(f"steps: loading {name} {precision} on {device} ...", file=sys.stderr, flush=True)
-                settings[(precision, name)] = _setting(name, precision, dev, rows, context)
+        for precision, name in timed:
+            print(f"steps: loading {name} {precision} on {device} ...", file=sys.stderr, flush=True)
+            settings[(precision, name)] = _setting(name, precision, dev, rows, context)
         times = time_settings(settings, rows, repeats)
         works = {key: setting.work for key, setting in settings.items()}
     finally:
         for setting in settings.values():
             setting.close()
-    results = [_result(name, precision, n, times[(precision, name)], times[(precisions[0], name)], rows[0])
-               for precision in precisions for name in models for n in rows]
+    first = {name: next(p for p, m in timed if m == name) for name in models}  # each model's first setting
+    results = [_result(name, precision, n, times[(precision, name)], times[(first[name], name)], rows[0])
+               for precision, name in timed for n in rows]
     for r in results:
         work = works.get((r["precision"], r["model"]))
         if peaks and work and _int_mode(r["precision"]):

@@ -145,9 +145,11 @@ def add_spec_args(p: argparse.ArgumentParser, defaults: bool = True) -> None:
                         "still lossless); auto (default): 32768 where that cuts a tenth of a draft step")
     p.add_argument("--draft-precision", choices=PRECISIONS, default=None, help=DRAFT_PRECISION_HELP)
     p.add_argument("--draft-requantize", choices=[r or "none" for r in DRAFT_REQUANTIZE], default="auto",
-                   help="int4 modes: the draft's 8-bit-held matrices requantized to 4 bits at pack time (a cheaper "
-                        "draft step, a little less acceptance; still lossless); auto (default): q4_1 where the "
-                        "draft's file holds such matrices; none: the file's blocks")
+                   help="int4 modes: the draft's matrices requantized at pack time (a cheaper draft step, a "
+                        "little less acceptance; still lossless): q4_1 (8-bit-held ones to 4 bits per 32 values), "
+                        "q4_64 or q3_64 (int4-a8: 4 or 3 bits per 64 values); auto (default): q4_64 under "
+                        "int4-a8, q4_1 under the other int4 modes, where the file holds wider matrices; none: "
+                        "the file's blocks")
     p.add_argument("--spec-deterministic", action="store_true",
                    help="cost model decides from acceptance counts alone (under --coupling rejection, a seed "
                         "then fixes the text)")

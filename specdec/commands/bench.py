@@ -73,7 +73,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict, tuple[str, ...]]] = [
     (("--precisions",), dict(default=None, help="precision: the modes compared with float32 (default "
                                                 "int4,int4-a16,int4-a8); steps: the precisions timed (default "
                                                 "float32,bfloat16; int4 modes load the real models, and may "
-                                                "add :q4_1 for a requantized draft and :vocab=N for a "
+                                                "add :q4_1, :q4_64 or :q3_64 for a requantized draft and :vocab=N for a "
                                                 "sub-vocabulary's output layer; llama.cpp)"),
      ("precision", "steps")),
     (("--shapes",), dict(default="qwen2.5-coder-0.5b-instruct,qwen2.5-coder-1.5b-instruct",

@@ -53,7 +53,7 @@ class SuffixConfig:
             raise ValueError(f"suffix.max_scopes must be >= 1, got {self.max_scopes}")
 
 
-DRAFT_REQUANTIZE = (None, "auto", "q4_1")  # None, "auto" and gguf_packed.REQUANT's keys
+DRAFT_REQUANTIZE = (None, "auto", "q4_1", "q4_64", "q3_64")  # None, "auto" and gguf_packed.REQUANT's keys
 
 
 @dataclass
@@ -65,9 +65,10 @@ class DraftConfig:
     # score only this many frequent tokens, and each request's own (None: all; "auto": 32,768 where
     # that cuts a tenth or more of a draft step's multiply-adds; speculation/proposers/subvocab.py)
     vocab_size: int | str | None = "auto"
-    # int4 modes: the draft's 8-bit-held matrices (Q5_0, Q8_0) requantized to 4 bits at pack time
-    # ("q4_1"; None: the file's blocks; "auto": q4_1 under int4 modes where the file holds such matrices):
-    # a cheaper draft step for a little acceptance
+    # int4 modes: the draft's matrices requantized at pack time, a cheaper draft step for a little
+    # acceptance (models/gguf_packed.py): "q4_1" (the 8-bit-held Q5_0, Q8_0 to 4 bits per 32 values),
+    # "q4_64" or "q3_64" (int4-a8 only: 4 or 3 bits per 64 values); None: the file's blocks; "auto":
+    # q4_64 under int4-a8, q4_1 under the other int4 modes, where the file holds matrices they narrow
     requantize: str | None = "auto"
     extra_models: list[str] = field(default_factory=list)  # more draft models, loaded on first use
     idle_seconds: float | None = 600.0     # unload a lazily loaded draft idle this long (None: never)

@@ -7,16 +7,21 @@ decode to exactly the file's values. Other types
 (F16, Q2_K, ...) stay dense float32. The packed model is cached next to the dequantized ones
 (`weights-int4.safetensors`, written under a temporary name, then renamed).
 
-A draft may be requantized (`requant`, DraftConfig.requantize): its matrices held as int8 codes (Q5_0,
-Q8_0: 9 bits a weight as packed, against 6 for 4-bit codes) are quantized again to 4 bits at pack time
-(`q4_1`: a scale and a minimum per 32 values), in a cache of their own. A draft's numbers never reach
-the output, only its acceptance does.
+A draft may be requantized (`requant`, DraftConfig.requantize): its matrices quantized again at pack
+time to fewer bits, in a cache of their own (A draft's numbers never reach the output, only its
+acceptance does):
+- `q4_1`: those held as int8 codes (Q5_0, Q8_0: 9 bits a weight as packed) to gguf's Q4_1, 4-bit codes
+  with a scale and a minimum per 32 values (6 bits a weight);
+- `q4_64`, `q3_64` (int4-a8 only): every matrix but the embedding held wider, to 4- or 3-bit codes with
+  a scale and an offset per 64 values fitted by least squares (`quant/requantize.py`; 5 and 4 bits a
+  weight as packed), whose activations are rounded per 64 values too.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,16 +33,34 @@ from specdec.models import weight_cache
 from specdec.models.gguf_loader import (ModelFileError, _dequantize, _gguf_sources, _unpermute, check_sources,
                                         config_from_metadata, open_reader, read_header, read_metadata)
 from specdec.models.llama import LlamaConfig, param_shapes
-from specdec.quant.gguf_blocks import PACKABLE, decode
+from specdec.quant.gguf_blocks import PACKABLE, Codes, decode
 from specdec.quant.packed import QuantLinear, QuantTensor
+from specdec.quant.requantize import requantize
 
 CACHE_NAME = "weights-int4.safetensors"
 # bumped when what a packed cache holds changes; an older cache is packed again (2: K-quants' super_scale;
 # 3: Q6_K's codes at 6 bits, Q4_K's super_min)
 PACK_FORMAT = "3"
 _MATRICES = ("embed", "lm_head", "qkv", "o", "gate_up", "down")
-REQUANT = {"q4_1": Q.Q4_1}  # what a draft's matrices may be requantized to
-_WIDE = (Q.Q5_0, Q.Q8_0)    # the types held as int8 codes, which requantization narrows
+_WIDE = frozenset({Q.Q5_0, Q.Q8_0})  # the types held as int8 codes
+
+
+@dataclass(frozen=True)
+class Requant:
+    """What a draft's matrices may be requantized to: `bits`-bit codes per `group` values, from the
+    `sources` types; by gguf's quantizer to `gguf_type` where set, else by least squares."""
+    bits: int
+    group: int
+    sources: frozenset
+    gguf_type: Q | None = None
+    embedding: bool = False  # whether the embedding table (a row lookup, never streamed) is requantized too
+
+
+REQUANT = {
+    "q4_1": Requant(4, 32, _WIDE, Q.Q4_1, embedding=True),
+    "q4_64": Requant(4, 64, _WIDE | {Q.Q4_0, Q.Q4_1, Q.Q5_K, Q.Q6_K}),  # all held wider than 5 bits a weight
+    "q3_64": Requant(3, 64, PACKABLE),
+}
 
 
 def _is_matrix(name: str) -> bool:
@@ -63,22 +86,28 @@ def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]], act:
     return weights
 
 
-def _blocks(t, rows: int, cols: int, requant: str | None) -> tuple[np.ndarray, Q]:
-    """A matrix's blocks as packed: the file's, or requantized from its values."""
-    if requant is None or t.tensor_type not in _WIDE:
-        return t.data, t.tensor_type
-    import gguf
+def _codes(t, name: str, rows: int, cols: int, requant: str | None) -> Codes:
+    """A matrix's codes as packed: the file's blocks, or requantized from its values."""
+    r = REQUANT.get(requant)
+    if (r is None or t.tensor_type not in r.sources or cols % r.group
+            or (name == "embed" and not r.embedding)):
+        return decode(t.data, t.tensor_type, rows, cols)
     values = np.ascontiguousarray(_dequantize(t), dtype=np.float32).reshape(rows, cols)
-    return gguf.quants.quantize(values, REQUANT[requant]), REQUANT[requant]
+    if r.gguf_type is None:
+        return requantize(values, r.bits, r.group)
+    import gguf
+    return decode(gguf.quants.quantize(values, r.gguf_type), r.gguf_type, rows, cols)
 
 
-def auto_requant(path: Path) -> str | None:
-    """What `requantize: auto` packs a file's matrices as: q4_1 where any matrix a step reads is held as
-    int8 codes (a cheaper draft step), else None (the file's blocks)."""
+def auto_requant(path: Path, act: int) -> str | None:
+    """What `requantize: auto` packs a file's matrices as (a cheaper draft step), where any matrix a step
+    reads is held in a type the format narrows: q4_64 under int8 activations (int4-a8; the best measured
+    acceptance x price, docs/performance.md), q4_1 otherwise; else None (the file's blocks)."""
+    fmt = "q4_64" if act == 8 else "q4_1"
     tensors = read_header(path)[1]  # the header alone: GGUFReader would parse the vocabulary for seconds
-    wide = any(ttype in _WIDE for name, (ttype, dims) in tensors.items()
+    wide = any(ttype in REQUANT[fmt].sources for name, (ttype, dims) in tensors.items()
                if name == "output.weight" or (name.startswith("blk.") and len(dims) == 2))
-    return "q4_1" if wide else None
+    return fmt if wide else None
 
 
 def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, progress: bool = True,
@@ -87,6 +116,9 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, pro
     the rest float32 tensors. `requant`: a key of REQUANT, or None for the file's blocks."""
     if requant is not None and requant not in REQUANT:
         raise ValueError(f"requantize must be one of {sorted(REQUANT)} or null, got {requant!r}")
+    if requant is not None and REQUANT[requant].gguf_type is None and act != 8:
+        raise ValueError(f"requantize {requant} is read by int4-a8's integer kernels only, not with "
+                         f"{'float' if act == 0 else f'int{act}'} activations")
     name = CACHE_NAME if requant is None else CACHE_NAME.replace(".safetensors", f"-{requant}.safetensors")
     cache_path, config_path = cache_dir / name, cache_dir / "config.json"
     if cache_path.exists() and config_path.exists():
@@ -120,7 +152,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, pro
             rows, cols = int(t.shape[1]), int(t.shape[0])
             key = f"{name}/{i}/"
             if t.tensor_type in PACKABLE:
-                c = decode(*_blocks(t, rows, cols, requant), rows, cols)
+                c = _codes(t, name, rows, cols, requant)
                 if permute:  # a row permutation: codes, scales and offsets move together
                     c.q, c.scale = _unpermute(c.q, heads), _unpermute(c.scale, heads)
                     c.offset = None if c.offset is None else _unpermute(c.offset, heads)

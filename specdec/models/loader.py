@@ -104,8 +104,9 @@ def resolve(model: str, pull: bool = False) -> tuple[str, Path]:
 def load_model(model: str, precision: str = "float32", device: str = "cpu", progress: bool = True,
                pull: bool = False, requant: str | None = None, huge_pages: bool = True) -> LoadedModel:
     """Load a model; `pull` as in resolve() (off: a registry model never pulled raises). `requant`: an
-    int4 mode's wide matrices requantized at pack time (`gguf_packed.REQUANT`; for drafts); "auto":
-    q4_1 where an int4 mode loads a GGUF file that holds such matrices, else the file's blocks.
+    int4 mode's matrices requantized at pack time (`gguf_packed.REQUANT`; for drafts); "auto": q4_64 under
+    int4-a8, q4_1 under the other int4 modes, where the GGUF file holds matrices they narrow
+    (`gguf_packed.auto_requant`), else the file's blocks.
     `huge_pages`: an int4 mode's packed weights copied into transparent huge pages (models/huge_pages.py)
     instead of read through the cache file's mapping."""
     auto = requant == "auto"
@@ -130,7 +131,7 @@ def load_model(model: str, precision: str = "float32", device: str = "cpu", prog
         if device != "cpu":
             raise ValueError(f"precision {precision} runs on the CPU kernel; use bfloat16 on CUDA")
         from specdec.models.gguf_packed import auto_requant, load_gguf_packed
-        requant = auto_requant(path) if auto else requant
+        requant = auto_requant(path, ACT_BITS[precision]) if auto else requant
         cfg, weights, hit = load_gguf_packed(path, sha, cache_dir, act=ACT_BITS[precision], progress=progress,
                                              requant=requant)
     else:

@@ -16,6 +16,7 @@ from specdec.quant.kernel import Dims, Layer, Linear, Part
 from specdec.quant.packed import QuantLinear, QuantTensor
 
 _SUPPORTED = {(4, 32), (8, 32), (6, 16)}  # (bits, group) the linear kernel runs
+_SUPPORTED_A8 = {(4, 64), (3, 64)}          # ... and with int8 activations only (a requantized draft's)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -124,9 +125,11 @@ def _supported(weight: object) -> bool:
     `QuantTensor.super_blocks`), dense float32 parts through `dense_linear` (k a multiple of 8)."""
     if not isinstance(weight, (QuantLinear, torch.Tensor)):
         return False
+    act = weight.act if isinstance(weight, QuantLinear) else 0
     for p, sub, _ in _parts(weight):
         if isinstance(p, QuantTensor):
-            if (p.bits, p.group) not in _SUPPORTED or p.cols % 32 or (sub is not None and p.cols % 256):
+            layouts = _SUPPORTED | _SUPPORTED_A8 if p.act_of(act) == 8 else _SUPPORTED
+            if (p.bits, p.group) not in layouts or p.cols % p.group or (sub is not None and p.cols % 256):
                 return False
         elif not (_float32(p) and p.shape[1] % 8 == 0):
             return False

@@ -1,14 +1,16 @@
 """Packed weight-only quantized matrices and the linear layer that runs them.
 
 A `QuantTensor` is one GGUF matrix as integer codes (int4: two per byte; Q6_K's 6-bit codes at the
-file's width, see `pack6`; int8) with float32 scale and offset per group. A `QuantLinear` stacks
+file's width, see `pack6`; a requantized draft's 3-bit codes, see `pack3`; int8) with float32 scale and
+offset per group. A `QuantLinear` stacks
 parts along the output dimension, because a fused projection (q|k|v, gate|up) can mix block types
 (the 1.5B's attn_v is Q6_K, its attn_q Q4_K); each part writes its own columns of one output.
 Activations stay float32 (`act` 0, precision int4: weight-only), or are rounded for integer dot
 products:
 - `act` 8 (precision int4-a8, llama.cpp's scheme: the fastest on CPUs, and a further approximation of
   the float32 oracle): to int8 per 256 values for Q4_K and Q6_K matrices, whose group scales are
-  integers times one float per 256 values (one exact integer sum per super-block), per 32 for the rest;
+  integers times one float per 256 values (one exact integer sum per super-block), per group (32 or
+  64 values) for the rest;
 - `act` 16 (precision int4-a16): to int16 per 256 values, 256 times finer, on Q4_K and Q6_K matrices;
   the other block types keep float32 activations.
 """
@@ -34,7 +36,7 @@ from specdec.quant.options import KernelOptions
 class QuantTensor:
     bits: int
     group: int
-    codes: torch.Tensor          # [rows, cols * bits // 8]: uint8 (bits 4, 6; see from_codes), int8 (bits 8)
+    codes: torch.Tensor          # [rows, cols * bits // 8]: uint8 (bits 3, 4, 6; see from_codes), int8 (bits 8)
     scale: torch.Tensor          # [rows, cols // group] float32
     offset: torch.Tensor | None  # same shape as scale, or None
     cols: int
@@ -57,6 +59,8 @@ class QuantTensor:
         if c.bits == 4:  # per 32-value group: byte i = element i (low nibble) | element 16 + i (high nibble)
             g = c.q.reshape(rows, cols // 32, 32).astype(np.uint8)
             packed = (g[:, :, :16] | (g[:, :, 16:] << 4)).reshape(rows, cols // 2)
+        elif c.bits == 3:
+            packed = pack3(c.q)
         elif c.bits == 6:
             packed = pack6(c.q)
         else:
@@ -68,8 +72,9 @@ class QuantTensor:
     @property
     def act8_block(self) -> int:
         """Values per int8 activation scale under int4-a8: 256 where the kernel sums whole K-quant
-        super-blocks in integers (Q4_K: int4 codes in groups of 32; Q6_K: 6-bit codes in groups of 16)."""
-        return 256 if self.super_blocks else 32
+        super-blocks in integers (Q4_K: int4 codes in groups of 32; Q6_K: 6-bit codes in groups of 16),
+        else the group's (one exact integer sum per group)."""
+        return 256 if self.super_blocks else self.group
 
     @property
     def super_blocks(self) -> bool:
@@ -106,6 +111,8 @@ class QuantTensor:
             return c.to(torch.int32)
         if self.bits == 6:
             return unpack6(c, self.cols)
+        if self.bits == 3:
+            return unpack3(c, self.cols)
         g = c.view(-1, self.cols // 32, 16).to(torch.int32)
         return torch.cat([g & 0x0F, g >> 4], dim=-1).view(-1, self.cols)
 
@@ -200,6 +207,26 @@ class QuantLinear:
             raise ValueError("an embedding table is a single part")
         p = self.parts[0]
         return p.dequantize(ids) if isinstance(p, QuantTensor) else p[ids].float()
+
+
+def pack3(q: np.ndarray) -> np.ndarray:
+    """[rows, cols] codes 0..7 (cols a multiple of 64) -> [rows, cols * 3 // 8] uint8, per 64 values: 16
+    bytes of bit pairs (byte i: values i, 16 + i, 32 + i, 48 + i from bit 0 up), then a little-endian
+    64-bit word of the third bits (bit j: value j). Shifts of one broadcast load give the pairs in
+    element order and the word is a byte mask as it stands (`codes3` in tiles_group_x.h)."""
+    rows, cols = q.shape
+    u = q.astype(np.uint8).reshape(rows, cols // 64, 4, 16)
+    pairs = (u[:, :, 0] & 3) | ((u[:, :, 1] & 3) << 2) | ((u[:, :, 2] & 3) << 4) | ((u[:, :, 3] & 3) << 6)
+    third = np.packbits((u.reshape(rows, cols // 64, 64) >> 2) & 1, axis=-1, bitorder="little")
+    return np.concatenate([pairs, third], axis=-1).reshape(rows, cols * 3 // 8)
+
+
+def unpack3(codes: torch.Tensor, cols: int) -> torch.Tensor:
+    """`pack3`'s inverse: [n, cols * 3 // 8] uint8 -> [n, cols] int32 codes 0..7."""
+    b = codes.view(-1, cols // 64, 24).to(torch.int32)
+    low = torch.cat([(b[..., :16] >> s) & 3 for s in (0, 2, 4, 6)], dim=-1)
+    third = torch.cat([(b[..., 16 + i, None] >> torch.arange(8)) & 1 for i in range(8)], dim=-1)
+    return (low | third << 2).view(-1, cols)
 
 
 def pack6(q: np.ndarray) -> np.ndarray:

@@ -34,22 +34,23 @@ struct Reader {
     }
 };
 
-// int8 per 32 values, one float scale per group (Q4_0-like 4-bit codes, 8-bit codes: Q5_0, Q8_0).
+// int8 per G values, one float scale (and offset) per group of G (tiles_group_x.h): the file's 4-bit Q4_0 /
+// Q4_1 and 8-bit Q5_0 / Q8_0 codes per 32, a requantized draft's 4- or 3-bit codes per 64.
 template <int BITS, int G>
 class A8Reader final : public Reader {
    public:
     A8Reader(const float* x, int64_t rows, int64_t k, bool offsets)
-        : k_(k), xq_(buffer<int8_t>(rows * k)), sx_(buffer<float>(rows * (k / 32))),
+        : k_(k), xq_(buffer<int8_t>(rows * k)), sx_(buffer<float>(rows * (k / G))),
           sums_(offsets ? buffer<float>(rows * (k / G)) : nullptr) {
-        quantize_rows<G>(x, rows, k, 32, XOrder::ELEMENT, xq_.get(), sx_.get(), sums_.get());
+        quantize_rows<G>(x, rows, k, G, XOrder::ELEMENT, xq_.get(), sx_.get(), sums_.get());
     }
 
     void feature(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const override {
-        const int64_t blocks = k_ / 32, groups = k_ / G;
+        const int64_t groups = k_ / G;
         const void* c = (const uint8_t*)p.codes + j * row_bytes<BITS>(k_);
         const float* o = p.offset ? p.offset + j * groups : nullptr;
         row_tiles(r0, r1, [&](auto mt, int64_t r) {
-            tile_a8<BITS, G, decltype(mt)::value>(xq_.get() + r * k_, sx_.get() + r * blocks, k_,
+            tile_a8<BITS, G, decltype(mt)::value>(xq_.get() + r * k_, sx_.get() + r * groups, k_,
                                                   sums_ ? sums_.get() + r * groups : nullptr, c,
                                                   p.scale + j * groups, o, y + r * ldy + j, ldy);
         });
@@ -74,13 +75,16 @@ class A8Reader final : public Reader {
     // Features j, j + 1, ... in groups of 2 * NP while a whole group fits before j1; returns the next.
     template <int NP>
     int64_t pairs(const Part& p, int64_t j, int64_t j1, int64_t r0, int64_t r1, float* y, int64_t ldy) const {
-        const int64_t blocks = k_ / 32, groups = k_ / G, bytes = row_bytes<BITS>(k_);
+        const int64_t groups = k_ / G, bytes = row_bytes<BITS>(k_);
         for (; j + 2 * NP <= j1; j += 2 * NP) {
             const float* o = p.offset ? p.offset + j * groups : nullptr;
             row_tiles(r0, r1, [&](auto mt, int64_t r) {
-                tile_a8_pairs<BITS, G, decltype(mt)::value, NP>(
-                    xq_.get() + r * k_, sx_.get() + r * blocks, k_, sums_ ? sums_.get() + r * groups : nullptr,
-                    (const uint8_t*)p.codes + j * bytes, bytes, p.scale + j * groups, o, y + r * ldy + j, ldy);
+                constexpr int MT = decltype(mt)::value;
+                const int8_t* xq = xq_.get() + r * k_;
+                const float *sx = sx_.get() + r * groups, *xs = sums_ ? sums_.get() + r * groups : nullptr;
+                const uint8_t* c = (const uint8_t*)p.codes + j * bytes;
+                if constexpr (BITS == 3) tile_a8_wide3<MT, NP>(xq, sx, k_, xs, c, bytes, p.scale + j * groups, o, y + r * ldy + j, ldy);
+                else tile_a8_pairs<BITS, G, MT, NP>(xq, sx, k_, xs, c, bytes, p.scale + j * groups, o, y + r * ldy + j, ldy);
             });
         }
         return j;
@@ -224,9 +228,11 @@ inline std::unique_ptr<Reader> make_reader(const Part& p, const float* x, int64_
                               : std::unique_ptr<Reader>(new SuperReader<6, 16>(x, rows, k, offsets, false));
         return nullptr;
     }
-    if (p.act != 8 || p.group != 32) return nullptr;
-    if (p.bits == 4) return std::unique_ptr<Reader>(new A8Reader<4, 32>(x, rows, k, offsets));
-    if (p.bits == 8) return std::unique_ptr<Reader>(new A8Reader<8, 32>(x, rows, k, offsets));
+    if (p.act != 8 || k % p.group) return nullptr;
+    if (p.group == 32 && p.bits == 4) return std::unique_ptr<Reader>(new A8Reader<4, 32>(x, rows, k, offsets));
+    if (p.group == 32 && p.bits == 8) return std::unique_ptr<Reader>(new A8Reader<8, 32>(x, rows, k, offsets));
+    if (p.group == 64 && p.bits == 4) return std::unique_ptr<Reader>(new A8Reader<4, 64>(x, rows, k, offsets));
+    if (p.group == 64 && p.bits == 3) return std::unique_ptr<Reader>(new A8Reader<3, 64>(x, rows, k, offsets));
     return nullptr;
 }
 

@@ -1,51 +1,10 @@
-// Products with int8 activations (precision int4-a8): per-32 groups (Q5_0, Q8_0, Q4_0) and K-quant
-// super-blocks (Q4_K, Q6_K), exact int32 sums per group or super-block, a fixed float order. The
-// super-block tiles have an AVX-512 VNNI build (qlinear_vnni.cpp) with the same sums.
+// Products with int8 activations (precision int4-a8) on K-quant super-blocks (Q4_K, Q6_K): exact int32
+// sums per super-block, a fixed float order, and an AVX-512 VNNI build (qlinear_vnni.cpp) with the same
+// sums. Per-group scales (Q4_0, Q5_0, Q8_0, requantized drafts): tiles_group_x.h.
 #pragma once
 #include "tiles_common.h"
 
 namespace {
-
-// ---- int8 activations (precision int4-a8): x quantized per 32 values, integer dot products ----------
-// x row r, group g ~= sx[r, g] * xq[r, g, :] (round to nearest, |xq| <= 127). Per group the dot product
-// of codes and xq is exact in int32 (vpmaddubsw + vpmaddwd); the float accumulation order is fixed.
-
-inline __m256i codes4(const uint8_t* p) {  // 32 unsigned codes, element order
-    __m128i b = _mm_loadu_si128((const __m128i*)p);
-    __m128i m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-}
-
-inline __m256 dot32(__m256i w, __m256i xq, bool is_signed) {
-    // vpmaddubsw takes unsigned x signed bytes: a signed w moves its sign onto x
-    __m256i u = is_signed ? _mm256_sign_epi8(w, w) : w;
-    __m256i v = is_signed ? _mm256_sign_epi8(xq, w) : xq;
-#ifdef __AVX512VNNI__
-    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v);
-#else  // pairs of products are at most 2 * 127 * 127: vpmaddubsw never saturates, so both are exact
-    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1));
-#endif
-    return _mm256_cvtepi32_ps(p);  // 8 lanes: 4 consecutive values each
-}
-
-template <int BITS, int G, int MT>
-inline void tile_a8(const int8_t* xq, const float* sx, int64_t k, const float* xsum, const void* codes,
-                    const float* scale, const float* offset, float* y, int64_t ldy) {
-    const int64_t blocks = k / 32;  // activation groups
-    __m256 acc[MT];
-    for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-        __m256i w = BITS == 4 ? codes4((const uint8_t*)codes + b * 16)
-                              : _mm256_loadu_si256((const __m256i*)((const int8_t*)codes + b * 32));
-        const __m256 ws = _mm256_broadcast_ss(scale + b);  // one group of 32 (Q6_K's groups of 16: tile_super)
-        for (int r = 0; r < MT; ++r) {
-            __m256i x = _mm256_loadu_si256((const __m256i*)(xq + r * k + b * 32));
-            __m256 d = dot32(w, x, BITS == 8);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(ws, _mm256_broadcast_ss(sx + r * blocks + b)), d, acc[r]);
-        }
-    }
-    finish<MT>(acc, k / G, xsum, offset, y, ldy);
-}
 
 // ---- K-quant super-blocks with int8 activations (llama.cpp's Q4_K x Q8_K, Q6_K x Q8_K) ----------------
 // A Q4_K / Q6_K group's scale is d * sub with d one float per 256 values and sub a small integer, so
@@ -142,78 +101,6 @@ inline void codes6_512(const uint8_t* p, __m512i* u) {
 
 inline __m512 halves(__m256 lo, __m256 hi) {  // AVX-512F only (no DQ in this build)
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
-}
-
-// ---- per-32 groups, two features at a time: feature j in a vector's low 256 bits, j + 1 in its high ----
-// Each half computes exactly what tile_a8 computes for its feature (the same int32 lanes, the same float
-// multiply and multiply-add per lane and block), so the results are tile_a8's bitwise; one instruction
-// does both features' float work, which bounds a one-row product of 4-bit per-32 codes.
-template <int BITS>
-inline __m512i codes_pair(const uint8_t* a, const uint8_t* b) {
-    if constexpr (BITS == 4) {  // 128-bit lanes [a low, a high, b low, b high] nibbles: codes4 of each
-        const __m512i raw = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)a))),
-            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)b)), 1);
-        const int64_t f = 0x0004000400040004;  // int16 shift counts: 4 in 128-bit lanes 1 and 3
-        return _mm512_and_si512(_mm512_srlv_epi16(raw, _mm512_set_epi64(f, f, 0, 0, f, f, 0, 0)), _mm512_set1_epi8(0x0F));
-    } else {
-        return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
-    }
-}
-
-// dot32 on both halves: 16 lanes of 4 consecutive values' exact products, as float
-template <int BITS>
-inline __m512 dot32_pair(__m512i w, __m512i x) {
-    if constexpr (BITS == 8) {  // vpdpbusd takes unsigned x signed bytes: a signed w moves its sign onto x
-        x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
-        w = _mm512_abs_epi8(w);
-    }
-    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x));
-}
-
-// 2 * NP consecutive features for MT rows, tile_a8's arithmetic: feature f's codes at c + f * bytes, its
-// scales and offsets at s + f * groups and o + f * groups (o may be null). NP pairs run independent
-// multiply-add chains, which one pair alone waits on at one row.
-template <int BITS, int G, int MT, int NP>
-inline void tile_a8_pairs(const int8_t* xq, const float* sx, int64_t k, const float* xsum, const uint8_t* c,
-                          int64_t bytes, const float* s, const float* o, float* y, int64_t ldy) {
-    const int64_t blocks = k / 32, groups = k / G;
-    __m512 acc[NP][MT];
-    for (int p = 0; p < NP; ++p)
-        for (int r = 0; r < MT; ++r) acc[p][r] = _mm512_setzero_ps();
-    // the next tile's codes, a line per 64 bytes read here, and its scales and offsets: the features that
-    // follow are the ones this thread runs next, so the stream runs ahead without a fixed distance
-    const uint8_t* next = c + 2 * NP * bytes;
-    const int64_t scale_lines = (2 * NP * groups * 4 + 63) / 64;
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        if ((blk * 2 * NP * BITS * 4) % 64 == 0) _mm_prefetch((const char*)next + blk * 2 * NP * BITS * 4, _MM_HINT_T0);
-        if (blk < scale_lines) {
-            _mm_prefetch((const char*)(s + 2 * NP * groups) + 64 * blk, _MM_HINT_T0);
-            if (o) _mm_prefetch((const char*)(o + 2 * NP * groups) + 64 * blk, _MM_HINT_T0);
-        }
-        __m512i w[NP];
-        __m512 ws[NP];
-        for (int p = 0; p < NP; ++p) {
-            const uint8_t* a = c + 2 * p * bytes + blk * BITS * 4;
-            w[p] = codes_pair<BITS>(a, a + bytes);
-            ws[p] = halves(_mm256_broadcast_ss(s + 2 * p * groups + blk), _mm256_broadcast_ss(s + (2 * p + 1) * groups + blk));
-        }
-        for (int r = 0; r < MT; ++r) {
-            const __m512i x = _mm512_broadcast_i64x4(load256(xq + r * k + blk * 32));
-            const __m512 vx = _mm512_set1_ps(sx[r * blocks + blk]);
-            for (int p = 0; p < NP; ++p)
-                acc[p][r] = _mm512_fmadd_ps(_mm512_mul_ps(ws[p], vx), dot32_pair<BITS>(w[p], x), acc[p][r]);
-        }
-    }
-    for (int p = 0; p < NP; ++p) {
-        __m256 lo[MT], hi[MT];
-        for (int r = 0; r < MT; ++r) {
-            lo[r] = _mm512_castps512_ps256(acc[p][r]);
-            hi[r] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][r]), 1));
-        }
-        finish<MT>(lo, groups, xsum, o ? o + 2 * p * groups : nullptr, y + 2 * p, ldy);
-        finish<MT>(hi, groups, xsum, o ? o + (2 * p + 1) * groups : nullptr, y + 2 * p + 1, ldy);
-    }
 }
 
 // Rows 2p and 2p + 1 of a tile side by side in one 512-bit vector, 8 lanes each: their super-block sums
