@@ -80,6 +80,22 @@ def test_profile_drafts_writes_json_plot_and_a_recommendation(tiny_qwen, tiny_ll
     assert png.stat().st_size > 1000
 
 
+def test_profile_drafts_prices_one_draft_in_each_packing(tiny_qwen, tiny_llama, tmp_path, capsys):
+    """MODEL@FORMAT: the same draft packed two ways is two candidates, each recorded with its packing
+    (q3_64: 3-bit codes per 64 values; none: the file's blocks); an unknown packing is refused."""
+    out = tmp_path / "profile.json"
+    assert main(["profile-drafts", "--model", str(tiny_qwen), "--precision", "int4-a8",
+                 "--drafts", f"{tiny_llama}@q3_64,{tiny_llama}@none", "--sets", "code_gen", "--max-tokens", "6",
+                 "-k", "2", "--out", str(out), "--plot", ""]) == 0
+    rows = json.loads(out.read_text())["proposers"]
+    assert [r["proposer"] for r in rows] == [f"{tiny_llama}@q3_64", f"{tiny_llama}@none"]
+    assert [r["params"]["draft"]["requantize"] for r in rows] == ["q3_64", None]
+    assert all(r["cost_ratio"] > 0 and 0 <= r["domains"]["code_gen"]["acceptance"] <= 1 for r in rows)
+    assert main(["profile-drafts", "--model", str(tiny_qwen), "--drafts", f"{tiny_llama}@q2", "--out", str(out),
+                 "--plot", ""]) != 0
+    assert "its format must be one of none, auto, q4_1, q4_64, q3_64" in capsys.readouterr().err
+
+
 def test_precision_bench_reports_agreement_and_logit_error(tiny_qwen, tmp_path):
     out, png = tmp_path / "precision.json", tmp_path / "precision.png"
     assert main(["bench", "precision", "--model", str(tiny_qwen), "--precisions", "int4,int4-a8",

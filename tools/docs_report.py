@@ -739,6 +739,18 @@ def view_overhead(data: dict) -> str:
     return head + "\n\n" + parts
 
 
+def view_profile(data: dict) -> str:
+    """`specdec profile-drafts`: each proposer's draft step and c, its acceptance and measured speedup per set."""
+    sets = list(data["recommendation"])
+    rows = [[r["proposer"], f"{r['ms_per_draft_token']:.1f}", f"{r['cost_ratio']:.3f}",
+             *(f"{r['domains'][s]['acceptance']:.2f} / {r['domains'][s]['measured_speedup']:.2f}×" for s in sets)]
+            for r in data["proposers"]]
+    note = (f"\n\nAcceptance / decode speedup over plain per set, k = {data['k']} fixed, greedy, "
+            f"{data['max_tokens']} tokens a prompt; the target's plain step {data['target_ms_per_token']:.1f} ms. "
+            "c is a draft step over a one-row target step, both measured inside the run.")
+    return table(["proposer", "ms a draft step", "c", *sets], rows) + note
+
+
 def view_attention(data: dict) -> str:
     """Per context, K/V format and rows: the kernel's time over every layer's cache against the bytes'
     read time at the measured bandwidth."""
@@ -837,7 +849,7 @@ TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view
                "replicas": view_replicas, "affinity": view_affinity, "row-invariance": view_row_invariance,
                "kld": view_kld, "matmul": view_matmul, "peers": view_peers,
                "tool-speed": view_tool_speed, "coupling": view_coupling, "overhead": view_overhead,
-               "attention": view_attention}
+               "attention": view_attention, "profile": view_profile}
 DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
 
 

@@ -1,6 +1,7 @@
 """`specdec profile-drafts`: which proposer pays on which domain, for this target on this machine.
 
-For each candidate (draft models by name or path; n-gram lookup as `ngram` or `ngram:MIN-MAX`) and
+For each candidate (draft models by name or path, `MODEL@FORMAT` packed as `draft.requantize` FORMAT
+says, e.g. `qwen2.5-coder-0.5b-instruct@q3_64`; n-gram lookup as `ngram` or `ngram:MIN-MAX`) and
 each shipped prompt set it measures, against plain decoding of the same prompts in the same run:
 ms per draft step (batch 1), c = t_draft / t_target, acceptance ("alignment") per position, the
 speedup the cost model predicts from those measurements for the same k, and the speedup measured.
@@ -28,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", default="float32", choices=PRECISIONS)
     p.add_argument("--device", default="cpu")
     p.add_argument("--drafts", default=None,
-                   help="comma-separated: draft models (name or path), ngram, ngram:MIN-MAX, suffix, hybrid, "
+                   help="comma-separated: draft models (name or path, MODEL@FORMAT for a draft.requantize "
+                        "format: auto, none, q4_1, q4_64, q3_64), ngram, ngram:MIN-MAX, suffix, hybrid, "
                         "hybrid:MODEL (default: the target's registry draft, ngram, suffix)")
     p.add_argument("--sets", default=",".join(SETS))
     p.add_argument("--num-prompts", type=int, default=1, help="prompts per set")
@@ -43,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def parse_candidate(spec: str) -> tuple[str, dict]:
     """'ngram' / 'ngram:2-4' -> n-gram settings; another model-free kind ('suffix') -> that kind;
     'hybrid' / 'hybrid:MODEL' -> the hybrid with that draft model (default: the registry's);
-    anything else names a draft model."""
+    anything else names a draft model, MODEL@FORMAT packed as `draft.requantize` FORMAT says."""
+    from specdec.config import DRAFT_REQUANTIZE
     from specdec.speculation import registry
     if spec in registry.model_free_kinds() and spec != "ngram":
         return spec, {}
@@ -58,7 +61,12 @@ def parse_candidate(spec: str) -> tuple[str, dict]:
             except ValueError:
                 raise ValueError(f"bad n-gram setting {spec!r}: expected ngram:MIN-MAX, e.g. ngram:1-4") from None
         return "ngram", {"ngram": {"min_n": lo, "max_n": hi}}
-    return "draft_model", {"draft_model": spec}
+    model, _, fmt = spec.partition("@")
+    requant = None if fmt == "none" else fmt or "auto"
+    if requant not in DRAFT_REQUANTIZE:
+        raise ValueError(f"bad draft {spec!r}: its format must be one of none, "
+                         f"{', '.join(f for f in DRAFT_REQUANTIZE if f)}")
+    return "draft_model", {"draft_model": model, "draft": {"requantize": requant}}
 
 
 def cmd_profile_drafts(a: argparse.Namespace) -> int:
@@ -88,21 +96,27 @@ def run_profile(a: argparse.Namespace) -> dict:
     drafts = a.drafts.split(",") if a.drafts else [d for d in (default_draft(a.model), "ngram", "suffix") if d]
     candidates = [(spec, *parse_candidate(spec)) for spec in drafts]
     target = load_model(a.model, a.precision, a.device, progress=True, pull=True)
-    for _, method, kw in candidates:  # the hybrid's default model: the registry's draft
+    for _, method, kw in candidates:  # the hybrid's default model: the registry's draft, packed as by default
         if "draft_model" in kw and kw["draft_model"] is None:
             kw["draft_model"] = default_draft(target.name)
-    loaded_drafts = {kw["draft_model"]: load_model(kw["draft_model"], a.precision, a.device, progress=True,
-                                                   pull=True)
-                     for _, method, kw in candidates if kw.get("draft_model")}
+        if "draft_model" in kw:
+            kw.setdefault("draft", {"requantize": "auto"})
+    loaded_drafts, draft_of = {}, {}  # (model, requantize) -> the draft loaded so; candidate -> its key
+    for spec, method, kw in candidates:
+        if "draft_model" in kw:
+            key = draft_of[spec] = (kw["draft_model"], kw["draft"]["requantize"])
+            if key not in loaded_drafts:
+                loaded_drafts[key] = load_model(key[0], a.precision, a.device, progress=True, pull=True, requant=key[1])
+            kw["draft"] = {"requantize": loaded_drafts[key].requantized}  # what auto chose
 
-    def engine(spec: SpeculativeConfig | None) -> LLM:
+    def engine(spec: SpeculativeConfig | None, key: tuple | None = None) -> LLM:
         cfg = EngineConfig(model=ModelConfig(model=target.name, precision=a.precision, device=a.device),
                            cache=CacheConfig(target_cache_blocks=512, draft_cache_blocks=512), speculative=spec)
-        draft = loaded_drafts.get(spec.draft_model) if spec and spec.draft_model else None
-        return LLM(config=cfg, loaded=target, draft_loaded=draft, progress=False)
+        return LLM(config=cfg, loaded=target, draft_loaded=loaded_drafts.get(key), progress=False)
 
     plain = engine(None)
-    arms = {spec: engine(SpeculativeConfig(method=method, num_speculative_tokens=a.k, policy="fixed", **kw))
+    arms = {spec: engine(SpeculativeConfig(method=method, num_speculative_tokens=a.k, policy="fixed", **kw),
+                         draft_of.get(spec))
             for spec, method, kw in candidates}
     params = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
     prompts = {s: read_set(s)[: a.num_prompts] for s in sets}
@@ -166,7 +180,10 @@ def _summarise(a, target: str, candidates, arms, runs, plain_runs) -> dict:
     for s in runs[candidates[0][0]]:
         best = max(rows, key=lambda r: r["domains"][s]["measured_speedup"])
         recommend[s] = best["proposer"] if best["domains"][s]["measured_speedup"] > 1.0 else "plain"
-    report = {"target": target, "precision": a.precision, "k": a.k, "max_tokens": a.max_tokens,
+    command = (f"specdec profile-drafts --model {a.model} --precision {a.precision} --drafts "
+               f"{','.join(spec for spec, _, _ in candidates)} --sets {','.join(runs[candidates[0][0]])} "
+               f"--num-prompts {a.num_prompts} --max-tokens {a.max_tokens} -k {a.k}" + (" --chat" if a.chat else ""))
+    report = {"command": command, "target": target, "precision": a.precision, "k": a.k, "max_tokens": a.max_tokens,
               "target_ms_per_token": 1000 * t_target, "proposers": rows, "recommendation": recommend}
     _print_table(report)
     return report

@@ -10,9 +10,9 @@ interleaved within each round (`time_settings`). Reports milliseconds, the verif
 t(n) / t(1), each setting's per-round ratio to the first precision listed for its model, and
 c = t_draft(1) / t_target(1) for each draft / target pair: the numbers the cost-model controller
 learns. With several models, a setting only drafts run (requantized, or a sub-vocabulary) times the
-first model (the draft) alone. On the CPU, each forward is also stated against its bound on this machine: the larger of its
-memory time (the weights and the context's keys and values read once at the measured read bandwidth)
-and its compute time (n rows' multiply-adds at the int8 peak the kernels' own instructions reach,
+first model (the draft) alone. On the CPU, each forward is also stated against its bound on this
+machine: the larger of its memory time (the weights and the context's keys and values read once at the
+measured read bandwidth) and its compute time (n rows' multiply-adds at the int8 peak the kernels' own instructions reach,
 `kernel.int8_peak`). JSON and a PNG.
 """
 from __future__ import annotations
@@ -80,8 +80,8 @@ def _weights(name: str, precision: str, device: torch.device) -> tuple[LlamaConf
 
 
 def _options(precision: str) -> tuple[str, str | None, str, int | None]:
-    """'int4-a8', 'int4-a8:q4_64' (requantized at pack time, as drafts may be: gguf_packed.REQUANT), then ':vocab=N' (an
-    output layer of N rows, as a draft's sub-vocabulary), then ':kv=float32|float16|int8' (a K/V cache
+    """'int4-a8', 'int4-a8:q4_64' (requantized at pack time, as drafts may be: gguf_packed.REQUANT), then
+    ':vocab=N' (an output layer of N rows, as a draft's sub-vocabulary), then ':kv=float32|float16|int8' (a K/V cache
     format other than auto's) -> (mode, requant or None, kv choice, vocab rows: None for all, -1 if bad)."""
     rest, kv = split_kv(precision)
     rest, found, vocab = rest.partition(":vocab=")

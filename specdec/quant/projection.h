@@ -83,8 +83,9 @@ class A8Reader final : public Reader {
                 const int8_t* xq = xq_.get() + r * k_;
                 const float *sx = sx_.get() + r * groups, *xs = sums_ ? sums_.get() + r * groups : nullptr;
                 const uint8_t* c = (const uint8_t*)p.codes + j * bytes;
-                if constexpr (BITS == 3) tile_a8_wide3<MT, NP>(xq, sx, k_, xs, c, bytes, p.scale + j * groups, o, y + r * ldy + j, ldy);
-                else tile_a8_pairs<BITS, G, MT, NP>(xq, sx, k_, xs, c, bytes, p.scale + j * groups, o, y + r * ldy + j, ldy);
+                const float* s = p.scale + j * groups;
+                if constexpr (BITS == 3) tile_a8_wide3<MT, NP>(xq, sx, k_, xs, c, bytes, s, o, y + r * ldy + j, ldy);
+                else tile_a8_pairs<BITS, G, MT, NP>(xq, sx, k_, xs, c, bytes, s, o, y + r * ldy + j, ldy);
             });
         }
         return j;

@@ -22,8 +22,8 @@ inline __m256i codes4(const uint8_t* p) {  // 32 unsigned codes, element order
 // holding values i, 16 + i, 32 + i, 48 + i from bit 0 up, then a 64-bit word of the third bits), element order.
 inline __m256i codes3(const uint8_t* p, int s) {
     const __m256i pairs = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)p));
-    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi64(pairs, _mm256_setr_epi64x(4 * s, 4 * s, 4 * s + 2, 4 * s + 2)),
-                                        _mm256_set1_epi8(3));
+    const __m256i shifts = _mm256_setr_epi64x(4 * s, 4 * s, 4 * s + 2, 4 * s + 2);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi64(pairs, shifts), _mm256_set1_epi8(3));
     int32_t third;
     memcpy(&third, p + 16 + 4 * s, 4);
     // byte j of the vector gets byte j / 8 of the word, then keeps bit j % 8
@@ -113,12 +113,18 @@ inline void prefetch_span(const uint8_t* p, int64_t from, int64_t n) {
 // read here, and its scales and offsets. The features that follow are the ones this thread runs next, so
 // the stream runs ahead without a fixed distance.
 template <int NP>
-inline void prefetch_next(const uint8_t* next, int64_t g, int64_t span, const float* s, const float* o, int64_t groups) {
+inline void prefetch_next(const uint8_t* next, int64_t g, int64_t span, const float* s, const float* o,
+                          int64_t groups) {
     prefetch_span(next, g * span, span);
     if (g < (2 * NP * groups * 4 + 63) / 64) {
         _mm_prefetch((const char*)(s + 2 * NP * groups) + 64 * g, _MM_HINT_T0);
         if (o) _mm_prefetch((const char*)(o + 2 * NP * groups) + 64 * g, _MM_HINT_T0);
     }
+}
+
+// Group g's scales of pair p's two features (scales s, `groups` a feature), one per half.
+inline __m512 pair_scale(const float* s, int64_t groups, int p, int64_t g) {
+    return halves(_mm256_broadcast_ss(s + 2 * p * groups + g), _mm256_broadcast_ss(s + (2 * p + 1) * groups + g));
 }
 
 // Each pair's two features from the halves of its accumulators: tile_a8's finish of each.
@@ -154,7 +160,7 @@ inline void tile_a8_pairs(const int8_t* xq, const float* sx, int64_t k, const fl
         for (int p = 0; p < NP; ++p) {
             const uint8_t* a = c + 2 * p * bytes + g * S * BITS * 4;
             for (int b = 0; b < S; ++b) w[p][b] = codes_pair<BITS>(a + b * BITS * 4, a + bytes + b * BITS * 4);
-            ws[p] = halves(_mm256_broadcast_ss(s + 2 * p * groups + g), _mm256_broadcast_ss(s + (2 * p + 1) * groups + g));
+            ws[p] = pair_scale(s, groups, p, g);
         }
         for (int r = 0; r < MT; ++r) {
             __m512i x[S];
@@ -196,7 +202,7 @@ inline void tile_a8_wide3(const int8_t* xq, const float* sx, int64_t k, const fl
         __m512 ws[NP];
         for (int f = 0; f < 2 * NP; ++f) w[f] = codes3_64(c + f * bytes + g * 24);
         for (int p = 0; p < NP; ++p)
-            ws[p] = halves(_mm256_broadcast_ss(s + 2 * p * groups + g), _mm256_broadcast_ss(s + (2 * p + 1) * groups + g));
+            ws[p] = pair_scale(s, groups, p, g);
         for (int r = 0; r < MT; ++r) {
             const __m512i x = _mm512_loadu_si512(xq + r * k + g * 64);
             const __m512 vx = _mm512_set1_ps(sx[r * groups + g]);
