@@ -43,6 +43,8 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "profile-drafts-q64-xeon-amx": ("2026-12-06", "xeon-amx", "the draft packed four ways on every shipped set: "
+                                    "acceptance and measured decode speedup at k = 3, and c as the engine sees it"),
     "bench-steps-prices-q64-xeon-amx": ("2026-12-06", "xeon-amx", "the three prices on a Xeon with the draft "
                                         "requantized per 64 values (4 and 3 bits) beside its 4-bit per-32 form, "
                                         "the target and llama.cpp"),
