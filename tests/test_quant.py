@@ -88,9 +88,6 @@ def path(request, monkeypatch):
     return request.param
 
 
-ACTS = pytest.mark.parametrize("act", [0, 8, 16], ids=["int4", "int4-a8", "int4-a16"])
-
-
 @_with_acts((0, 8, 16))
 def test_quantized_linear_matches_float64_and_is_batch_invariant(name, path, act):
     """Each product is dequant(W) . x_used in float64 up to float32 accumulation, where x_used is x
@@ -183,7 +180,7 @@ def test_vnni_and_avx2_paths_are_bitwise_equal(name, act, avx2_then_best):
 @pytest.mark.parametrize("bits", [4, 3])
 def test_requantized_codes_fit_each_group_at_least_as_well_as_its_range(bits):
     """The least-squares fit per 64 values: codes in range, packed and read back exactly, and a squared
-    error no larger than the range's own scale and minimum give (the fit tries that scale first)."""
+    error no larger than the range's own scale and minimum give (the fit's search starts there)."""
     rng = np.random.default_rng(bits)
     w = (rng.standard_normal((40, 256)) * rng.uniform(0.1, 3, (40, 1))).astype(np.float32)
     w[3] = 0.5  # a constant row: every code equal, the offset carries it

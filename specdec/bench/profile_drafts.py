@@ -96,14 +96,11 @@ def run_profile(a: argparse.Namespace) -> dict:
     drafts = a.drafts.split(",") if a.drafts else [d for d in (default_draft(a.model), "ngram", "suffix") if d]
     candidates = [(spec, *parse_candidate(spec)) for spec in drafts]
     target = load_model(a.model, a.precision, a.device, progress=True, pull=True)
-    for _, method, kw in candidates:  # the hybrid's default model: the registry's draft, packed as by default
-        if "draft_model" in kw and kw["draft_model"] is None:
-            kw["draft_model"] = default_draft(target.name)
-        if "draft_model" in kw:
-            kw.setdefault("draft", {"requantize": "auto"})
     loaded_drafts, draft_of = {}, {}  # (model, requantize) -> the draft loaded so; candidate -> its key
     for spec, method, kw in candidates:
-        if "draft_model" in kw:
+        if "draft_model" in kw:  # the hybrid's default model: the registry's draft, packed as by default
+            kw["draft_model"] = kw["draft_model"] or default_draft(target.name)
+            kw.setdefault("draft", {"requantize": "auto"})
             key = draft_of[spec] = (kw["draft_model"], kw["draft"]["requantize"])
             if key not in loaded_drafts:
                 loaded_drafts[key] = load_model(key[0], a.precision, a.device, progress=True, pull=True, requant=key[1])

@@ -83,8 +83,8 @@ def _format(arm: str) -> str | None:
 
 def _requant(arm: str) -> str | None:
     """How the arm's draft is packed: the defaults' auto, or the file's blocks, or a named format."""
-    if _format(arm):
-        return _format(arm)
+    if fmt := _format(arm):
+        return fmt
     if arm.startswith("draft_q4"):
         return REQUANT_ARMS
     return None if arm.startswith(("draft_file", "draft_subvocab")) else "auto"
