@@ -238,8 +238,8 @@ def test_a_fused_projection_equals_its_parts_called_alone(act, names):
 
 @pytest.mark.parametrize("act", [8, 16], ids=["int4-a8", "int4-a16"])
 def test_prompt_rows_are_bitwise_the_rows_alone(act):
-    """From 32 rows a projection runs as a prompt (tiles of features with every row inside; under int8
-    Q6_K's weights decoded once per tile): over several tiles, parts and threads, each of 100 rows is
+    """From 32 rows a projection runs as a prompt (tiles of features with every row inside): over several
+    tiles, parts and threads, each of 100 rows is
     bitwise what it gives alone, and what it gives beside 31 others (the last count below the prompt path)."""
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
@@ -261,22 +261,38 @@ def test_prompt_rows_are_bitwise_the_rows_alone(act):
     assert torch.equal(torch.cat([parts(x[i:i + 31]) for i in range(0, 93, 31)] + [parts(x[93:])]), y)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("supers", [3, 6])
-def test_q4_k_minimums_eight_features_at_once_are_bitwise_one_at_a_time(supers):
-    """Under int8, Q4_K's features go 8 at a time through their minimums' terms (min_dot8), the rest one
-    at a time (min_dot): a part of 13 features equals its features called as parts of one feature, at
-    verification and prompt row counts, with an odd and an even number of super-blocks."""
+def test_row_interleaved_tiles_give_each_feature_as_alone(qtype, supers):
+    """Under int8, Q4_K and Q6_K are read as tiles of 16 features side by side (tiles_rows16.h): a part
+    of 13 features (one tile, three lanes of padding) equals its features called as parts of one feature
+    each (a tile column asked for lane by lane), at verification and prompt row counts, with an odd and
+    an even number of super-blocks."""
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
     cols = 256 * supers
-    t = QuantTensor.from_codes(decode(_random_blocks(Q.Q4_K, np.random.default_rng(supers), 13, cols), Q.Q4_K,
+    t = QuantTensor.from_codes(decode(_random_blocks(qtype, np.random.default_rng(supers), 13, cols), qtype,
                                       13, cols))
     whole = QuantLinear([t], 8)
     alone = QuantLinear([whole.select_rows(torch.tensor([i])).parts[0] for i in range(13)], 8)
-    assert whole.mins[0] is not None
+    assert whole.tiles[0] is not None and whole.tiles[0].numel() == supers * packed.TILE16_BYTES[t.bits]
     x = torch.randn(40, cols, generator=torch.Generator().manual_seed(supers)) * 4
     for rows in (1, 2, 5, 9, 17, 31, 40):
         assert torch.equal(whole(x[:rows]), alone(x[:rows])), rows
+
+
+def test_int8_tiles_refuse_scales_they_cannot_hold():
+    """A Q4_K part whose super-block scale is not a float16 value (no GGUF file has one) is refused
+    with a clear error, not run on some other arithmetic."""
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    t = LAYERS["Q4_K"]
+    d = t.super_scale * (1 + 2 ** -12)  # 23 significant bits: float32, not float16
+    scale = t.sub_scales().float() * d.repeat_interleave(256 // t.group, dim=1)
+    odd = QuantTensor(t.bits, t.group, t.codes, scale, t.offset, t.cols, d, t.super_min)
+    with pytest.raises(ValueError, match="float16"):
+        QuantLinear([odd], 8)
+    assert QuantLinear([odd], 16)(torch.randn(2, COLS)).shape == (2, ROWS)  # int16 reads the file's layout
 
 
 def test_a_projection_with_a_part_off_the_integer_paths_is_refused_unwritten():

@@ -43,6 +43,15 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-steps-tiles16-xeon-amx": ("2026-12-06", "xeon-amx", "the three prices on a Xeon with the target's "
+                                     "K-quants read as row-interleaved tiles of 16 features, the draft at 4 and "
+                                     "3 bits per 64 values, beside llama.cpp, 1 to 256 rows"),
+    "kld-tiles16-xeon-amx": ("2026-12-06", "xeon-amx", "int4-a8 on row-interleaved tiles (one float "
+                             "operation per super-block and feature) against float32, llama.cpp the anchor"),
+    "bench-draft-tiles16-xeon-amx": ("2026-12-06", "xeon-amx", "issue 42's bench on a Xeon with the "
+                                     "row-interleaved tiles: plain, the draft model at 4 and 3 bits per 64 "
+                                     "values under the cost model, the hybrid, llama.cpp and OpenVINO GenAI's "
+                                     "speculation"),
     "profile-drafts-q64-xeon-amx": ("2026-12-06", "xeon-amx", "the draft packed four ways on every shipped set: "
                                     "acceptance and measured decode speedup at k = 3, and c as the engine sees it"),
     "bench-steps-prices-q64-xeon-amx": ("2026-12-06", "xeon-amx", "the three prices on a Xeon with the draft "

@@ -31,27 +31,27 @@ def _panel(ax, title: str, note: str, note_at: tuple[float, float], ylim: tuple[
 
 
 def weights(ax) -> None:
-    """One Q4_K part under int4-a8: five arrays, a feature's super-block j a segment of each."""
-    arrays = [("codes [n, k/2] uint8", 128, BLUE, "128 B: 8 groups of 32 nibbles"),
-              ("scales [n, k/32] int8", 8, ORANGE, "8 B"), ("minimums [n, k/32] uint8", 8, ORANGE, "8 B"),
-              ("d [n, k/256] float32", 4, GREEN, "4 B"), ("dmin [n, k/256] float32", 4, GREEN, "4 B")]
-    for i, (name, nbytes, color, note) in enumerate(arrays):
-        y = 4 - i
-        ax.text(-2, y + 0.35, name, ha="right", va="center", fontsize=7)
-        for j in range(3):  # super-blocks j-1, j, j+1 of feature f
-            w = 30 if nbytes == 128 else max(2.2, nbytes * 0.6)
-            _box(ax, j * 34, y, w, 0.7, color if j == 1 else GREY, note if j == 1 and nbytes == 128 else "",
-                 alpha=1.0 if j == 1 else 0.6)
-            if j == 1 and nbytes < 128:
-                ax.text(j * 34 + w + 0.8, y + 0.35, note, va="center", fontsize=6)
-    ax.text(34 + 15, 5.2, "super-block j of feature f", ha="center", fontsize=7)
-    _panel(ax, "weights: a Q4_K part under int4-a8, per output feature f and super-block j (256 weights)",
-           "codes: byte i of a group holds values i and 16 + i\n\n"
-           "one exact int32 sum per super-block and row:\n"
-           "Σ_g sc_g · (q_g · xq_g), then d · dx · sum\n"
-           "minus dmin · dx · Σ_g m_g · Σ xq_g\n\n"
-           "a thread takes features in chunks;\neach feature's arrays are read in order,\n"
-           "1 KB ahead of the line in use (prefetch)", (104, 2.4), (-0.5, 5.8))
+    """A Q4_K part under int4-a8: row-interleaved tiles, one stream; one tile; one run of its codes."""
+    ax.text(-2, 5.35, "the part's stream", ha="right", va="center", fontsize=7)
+    for i, label in enumerate(["f 0-15, sb 0", "sb 1", "sb 2", "...", "f 16-31, sb 0", "sb 1"]):
+        _box(ax, i * 16, 5, 15, 0.7, BLUE if i == 0 else GREY, label, size=6, alpha=1.0 if i == 0 else 0.6)
+    ax.text(-2, 3.35, "one tile: 2,368 B", ha="right", va="center", fontsize=7)
+    parts = [("sub 128", 8, ORANGE), ("mins 128", 8, ORANGE), ("d", 4.5, GREEN), ("dmin", 4.5, GREEN)]
+    x = 0.0
+    for name, w, color in parts:
+        _box(ax, x, 3, w, 0.7, color, name, size=5.5)
+        x += w
+    for g in range(8):  # codes: 8 groups of 4 runs of 64 bytes
+        _box(ax, x + g * 9.2, 3, 8.9, 0.7, BLUE, f"group {g}" if g < 3 else "", size=5.5)
+    ax.text(-2, 1.35, "one run: 64 B", ha="right", va="center", fontsize=7)
+    for f in range(16):  # 16 features x 4 values
+        _box(ax, f * 6, 1, 5.8, 0.7, BLUE if f % 2 == 0 else "#7f9fd0", f"f{f}" if f < 4 or f == 15 else "", size=5.5)
+    ax.annotate("", xy=(x + 4.6, 2.95), xytext=(48, 1.75), arrowprops=dict(arrowstyle="<-", linewidth=0.6))
+    _panel(ax, "weights: a Q4_K part under int4-a8, as row-interleaved tiles of 16 features x 256 values",
+           "a lane a feature: 4 bytes = values 4i..4i+3 (low\nnibbles) and 16+4i.. (high) of one group\n\n"
+           "one vpdpbusd: the run's 64 codes x 4 bytes of x\nbroadcast = 64 multiply-adds, any row count\n\n"
+           "per row and feature, exact in int32:\nS = Σ_g sc_g · (q_g · xq_g), M = Σ_g m_g · Σ xq_g;\n"
+           "acc -= dmin·dx·M; acc += d·dx·S", (104, 3.0), (0.3, 6.0))
 
 
 def activations(ax) -> None:
@@ -99,7 +99,7 @@ def main() -> int:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), gridspec_kw={"height_ratios": [6, 9, 5.5]})
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), gridspec_kw={"height_ratios": [6.5, 9, 5.5]})
     weights(axes[0])
     activations(axes[1])
     kv_cache(axes[2])

@@ -39,7 +39,8 @@ def measure_read_bandwidth(num_bytes: int = DEFAULT_BYTES, passes: int = 5, num_
 
 def _nbytes(w) -> int:
     if isinstance(w, QuantLinear):
-        return sum(_part_bytes(p, sub, mins) for p, sub, mins in zip(w.parts, w.subs, w.mins))
+        return sum(t.numel() if t is not None else _part_bytes(p, sub, mins)
+                   for p, sub, mins, t in zip(w.parts, w.subs, w.mins, w.tiles))
     if isinstance(w, torch.Tensor):
         return w.numel() * w.element_size()
     raise TypeError(f"unknown weight type {type(w).__name__}")
@@ -48,7 +49,8 @@ def _nbytes(w) -> int:
 def _part_bytes(p, sub, mins) -> int:
     """What the kernel reads of one part: codes, offsets and either the float32 group scales or, on
     K-quant super-blocks under integer activations, the integer group scales and one float per 256
-    (with int8 activations on Q4_K, its integer minimums and a float per 256 in place of the offsets)."""
+    (with int8 activations on Q4_K, its integer minimums and a float per 256 in place of the offsets;
+    a tiled part reads its tiles alone)."""
     if not isinstance(p, QuantTensor):
         return p.numel() * p.element_size()
     scales = (sub, p.super_scale) if sub is not None else (p.scale,)

@@ -82,7 +82,8 @@ def _assemble(flat: dict[str, torch.Tensor], layout: dict[str, list[dict]], act:
                 built.append(QuantTensor(part["bits"], part["group"], flat[key + "codes"], flat[key + "scale"],
                                          flat.get(key + "offset"), part["cols"], flat.get(key + "super_scale"),
                                          flat.get(key + "super_min")))
-        weights[name] = QuantLinear(built, act)
+        # an embedding with an output layer of its own is only looked up: no tiles for the int8 products
+        weights[name] = QuantLinear(built, act, tiled=name != "embed" or "lm_head" not in layout)
     return weights
 
 

@@ -29,7 +29,8 @@ int each_part(const Linear& l, const float* x, int64_t rows, int64_t k, float* y
         int rc = part.dense
                      ? dense_linear(x, rows, k, part.dense, part.n, y + col, l.n, threads)
                      : qlinear(x, rows, k, part.bits, part.group, part.codes, part.scale, part.offset, part.n,
-                               y + col, l.n, threads, part.act, part.sub, part.dsup, part.mins, part.dmin);
+                               y + col, l.n, threads, part.act, part.sub, part.dsup, part.mins, part.dmin,
+                               part.tiles);
         if (rc) return rc;
         col += part.n;
     }

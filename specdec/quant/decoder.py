@@ -104,7 +104,7 @@ def describe_linear(weight: QuantLinear | torch.Tensor, bias: torch.Tensor | Non
     parts = _parts(weight)
     act = weight.act if isinstance(weight, QuantLinear) else 0
     arr = (Part * len(parts))()
-    for slot, (p, sub, mins) in zip(arr, parts):
+    for slot, (p, sub, mins, tiles) in zip(arr, parts):
         if isinstance(p, QuantTensor):
             slot.n, slot.bits, slot.group, slot.act = p.rows, p.bits, p.group, p.act_of(act)
             slot.codes, slot.scale, slot.offset = p.codes.data_ptr(), p.scale.data_ptr(), _ptr(p.offset)
@@ -112,6 +112,8 @@ def describe_linear(weight: QuantLinear | torch.Tensor, bias: torch.Tensor | Non
                 slot.sub, slot.dsup = sub.data_ptr(), p.super_scale.data_ptr()
             if mins is not None:
                 slot.mins, slot.dmin = mins.data_ptr(), p.super_min.data_ptr()
+            if tiles is not None:
+                slot.tiles = tiles.data_ptr()
         else:
             slot.n, slot.dense = p.shape[0], p.data_ptr()
     keep.append(arr)
@@ -126,7 +128,7 @@ def _supported(weight: object) -> bool:
     if not isinstance(weight, (QuantLinear, torch.Tensor)):
         return False
     act = weight.act if isinstance(weight, QuantLinear) else 0
-    for p, sub, _ in _parts(weight):
+    for p, sub, _, _ in _parts(weight):
         if isinstance(p, QuantTensor):
             layouts = _SUPPORTED | _SUPPORTED_A8 if p.act_of(act) == 8 else _SUPPORTED
             if (p.bits, p.group) not in layouts or p.cols % p.group or (sub is not None and p.cols % 256):
@@ -137,8 +139,9 @@ def _supported(weight: object) -> bool:
 
 
 def _parts(weight: QuantLinear | torch.Tensor) -> list[tuple[QuantTensor | torch.Tensor, torch.Tensor | None,
-                                                            torch.Tensor | None]]:
-    """A linear layer's parts, each with its integer group scales and minimums (None where it has none)."""
+                                                            torch.Tensor | None, torch.Tensor | None]]:
+    """A linear layer's parts, each with its integer group scales, minimums and row-interleaved tiles
+    (None where it has none)."""
     if isinstance(weight, QuantLinear):
-        return list(zip(weight.parts, weight.subs, weight.mins))
-    return [(weight, None, None)]
+        return list(zip(weight.parts, weight.subs, weight.mins, weight.tiles))
+    return [(weight, None, None, None)]

@@ -39,7 +39,8 @@ _ptr, _i64, _int, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c
 
 class Part(ctypes.Structure):
     _fields_ = [("n", _i64), ("bits", _int), ("group", _int), ("act", _int), ("codes", _ptr), ("scale", _ptr),
-                ("offset", _ptr), ("dsup", _ptr), ("sub", _ptr), ("mins", _ptr), ("dmin", _ptr), ("dense", _ptr)]
+                ("offset", _ptr), ("dsup", _ptr), ("sub", _ptr), ("mins", _ptr), ("dmin", _ptr), ("dense", _ptr),
+                ("tiles", _ptr)]
 
 
 class Linear(ctypes.Structure):
@@ -61,13 +62,15 @@ SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
     "qlinear": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("bits", _int), ("group", _int), ("codes", _ptr),
                        ("scale", _ptr), ("offset", _ptr), ("n", _i64), ("y", _ptr), ("ldy", _i64),
                        ("threads", _int), ("act", _int), ("sub", _ptr), ("dsup", _ptr), ("mins", _ptr),
-                       ("dmin", _ptr)]),
+                       ("dmin", _ptr), ("tiles", _ptr)]),
     "kernel_isa": (_int, [("request", _int)]),
     "dense_linear": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("w", _ptr), ("n", _i64), ("y", _ptr),
                             ("ldy", _i64), ("threads", _int)]),
     "qlinear_parts": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("parts", ctypes.POINTER(Part)),
                              ("num_parts", _i64), ("y", _ptr), ("ldy", _i64), ("threads", _int)]),
     "int8_peak": (ctypes.c_double, [("threads", _int), ("seconds", ctypes.c_double)]),
+    "pack_tiles16": (None, [("bits", _int), ("codes", _ptr), ("sub", _ptr), ("mins", _ptr), ("d", _ptr),
+                            ("dmin", _ptr), ("n", _i64), ("k", _i64), ("out", _ptr)]),
     "rms_norm": (None, [("x", _ptr), ("ldx", _i64), ("delta", _ptr), ("ldd", _i64), ("rows", _i64), ("h", _i64),
                         ("w", _ptr), ("eps", _f32), ("out", _ptr), ("threads", _int)]),
     "rope": (None, [("x", _ptr), ("ldx", _i64), ("rows", _i64), ("heads", _i64), ("d", _i64), ("positions", _ptr),
@@ -175,14 +178,16 @@ def unavailable_reason() -> str | None:
 def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: torch.Tensor,
             offset: torch.Tensor | None, out: torch.Tensor, act: int = 0,
             sub: torch.Tensor | None = None, super_scale: torch.Tensor | None = None,
-            mins: torch.Tensor | None = None, super_min: torch.Tensor | None = None) -> None:
+            mins: torch.Tensor | None = None, super_min: torch.Tensor | None = None,
+            tiles: torch.Tensor | None = None) -> None:
     """out[:, :n] = x @ W.T for W given by (codes, scale, offset); x: [rows, k] float32 contiguous,
     out: [rows, >= n] float32 with unit column stride (a column slice of a wider output is fine).
     act 8: x is first quantized to int8 per 32 values and the dot products are integer (int4-a8);
     with sub ([n, k / group] int8) and super_scale ([n, k / 256] float32), scale == super_scale * sub
     per 256 values (Q4_K, Q6_K) and x is quantized per 256 values: one integer sum per super-block.
     With act 8 on Q4_K, mins ([n, k / 32] uint8) and super_min ([n, k / 256]): the offsets are
-    -super_min * mins, summed in integers over the rounded x.
+    -super_min * mins, summed in integers over the rounded x; with tiles (`packed.tiles16`), the same
+    weights row-interleaved are read instead.
     act 16: x quantized to int16 per 256 values, integer dot products (int4-a16; needs sub)."""
     lib = _lib()
     assert x.dtype == torch.float32 and x.is_contiguous() and out.stride(1) == 1
@@ -194,9 +199,23 @@ def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: 
                      sub.data_ptr() if sub is not None else None,
                      super_scale.data_ptr() if super_scale is not None else None,
                      mins.data_ptr() if mins is not None else None,
-                     super_min.data_ptr() if super_min is not None else None)
+                     super_min.data_ptr() if super_min is not None else None,
+                     tiles.data_ptr() if tiles is not None else None)
     if rc != 0:
         raise ValueError(f"qlinear: unsupported layout bits={bits} group={group} k={x.shape[1]}")
+
+
+def pack_tiles16(bits: int, codes: torch.Tensor, sub: torch.Tensor, mins: torch.Tensor | None, d: torch.Tensor,
+                 dmin: torch.Tensor | None, out: torch.Tensor) -> None:
+    """A Q4_K (bits 4: codes [n, k / 2], sub and mins [n, k / 32], d and dmin [n, k / 256] float32) or
+    Q6_K part (bits 6: codes [n, k * 3 / 4], sub [n, k / 16], d; no mins) into `out` as row-interleaved
+    tiles (tiles_rows16.h says the layout)."""
+    n, k = codes.shape[0], codes.shape[1] * 8 // bits
+    for t in (codes, sub, mins, d, dmin, out):
+        assert t is None or t.is_contiguous()
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    _lib().pack_tiles16(bits, codes.data_ptr(), sub.data_ptr(), ptr(mins), d.data_ptr(), ptr(dmin), n, k,
+                        out.data_ptr())
 
 
 def int8_peak(threads: int, seconds: float = 0.2, runs: int = 3) -> float:

@@ -18,6 +18,7 @@ struct Part {
     const uint8_t* mins;    // Q4_K under act 8: integer minimums (else null), with dmin per 256 values
     const float* dmin;
     const float* dense;     // [n, k] float32, or null
+    const uint8_t* tiles;   // Q4_K, Q6_K under act 8: row-interleaved tiles (tiles_rows16.h), read instead of the rest
 };
 
 struct Linear {
@@ -68,7 +69,7 @@ extern "C" {
 // qlinear.cpp: linear layers (each documented at its definition)
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes, const float* scale,
             const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int8_t* sub,
-            const float* dsup, const uint8_t* mins, const float* dmin);
+            const float* dsup, const uint8_t* mins, const float* dmin, const uint8_t* tiles);
 // The instruction set the integer-activation paths use: request KERNEL_ISA_AVX2 or KERNEL_ISA_VNNI (the
 // best the CPU has; the default), or -1 to ask. Returns the one in use.
 int kernel_isa(int request);
@@ -77,6 +78,8 @@ int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_
 int qlinear_parts(const float* x, int64_t rows, int64_t k, const Part* parts, int64_t num_parts, float* y,
                   int64_t ldy, int threads);
 double int8_peak(int threads, double seconds);
+void pack_tiles16(int bits, const uint8_t* codes, const int8_t* sub, const uint8_t* mins, const float* d,
+                  const float* dmin, int64_t n, int64_t k, uint8_t* out);
 
 // layer_ops.cpp: the decoder's glue
 void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t rows, int64_t h, const float* w,

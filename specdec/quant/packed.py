@@ -47,10 +47,12 @@ class QuantTensor:
     def rows(self) -> int:
         return self.codes.shape[0]
 
-    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> QuantTensor:
-        """This tensor with each of its arrays replaced by fn(array) (QuantLinear.map_tensors)."""
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor], codes: bool = True) -> QuantTensor:
+        """This tensor with each of its arrays replaced by fn(array) (QuantLinear.map_tensors); the codes
+        kept as they are unless `codes`."""
         keep = lambda t: None if t is None else fn(t)  # noqa: E731
-        return dataclasses.replace(self, codes=fn(self.codes), scale=fn(self.scale), offset=keep(self.offset),
+        return dataclasses.replace(self, codes=fn(self.codes) if codes else self.codes, scale=fn(self.scale),
+                                   offset=keep(self.offset),
                                    super_scale=keep(self.super_scale), super_min=keep(self.super_min))
 
     @classmethod
@@ -139,8 +141,9 @@ class QuantLinear:
     block type with no packed form). Each output element is reduced in an order fixed by the kernel,
     whatever the number of rows: batch-invariant."""
 
-    def __init__(self, parts: list[QuantTensor | torch.Tensor], act: int = 0) -> None:
-        """act: activation bits of the integer dot products, 0 (float32 activations), 8 or 16."""
+    def __init__(self, parts: list[QuantTensor | torch.Tensor], act: int = 0, tiled: bool = True) -> None:
+        """act: activation bits of the integer dot products, 0 (float32 activations), 8 or 16. tiled: build
+        the row-interleaved tiles the int8 kernels read (False for an embedding table that is only looked up)."""
         assert act in ACT_BITS, act
         self.parts = parts
         self.act = act
@@ -150,6 +153,9 @@ class QuantLinear:
         # int8 activations on Q4_K: its offsets as the file's integer minimums (a byte per 32 weights read)
         self.mins = [p.min_codes() if act == 8 and sub is not None and p.offset is not None and p.super_min is not None
                      else None for p, sub in zip(parts, self.subs)]
+        # int8 activations on Q4_K and Q6_K: the same weights row-interleaved, 16 features a tile
+        self.tiles = [tiles16(p, sub, m, act) if tiled and isinstance(p, QuantTensor) else None
+                      for p, sub, m in zip(parts, self.subs, self.mins)]
         cols = {p.cols if isinstance(p, QuantTensor) else p.shape[1] for p in parts}
         assert len(cols) == 1, f"parts disagree on the input size: {cols}"
         self.in_features = cols.pop()
@@ -160,12 +166,15 @@ class QuantLinear:
         return (self.out_features, self.in_features)
 
     def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> QuantLinear:
-        """This layer with each tensor it reads (codes, scales, offsets, dense parts, integer scales and
-        minimums) replaced by fn(tensor), which must hold the same values (weights moved in memory)."""
+        """This layer with each tensor its products read (codes, scales, offsets, dense parts, integer scales
+        and minimums, tiles) replaced by fn(tensor), which must hold the same values (weights moved in
+        memory). A tiled part's codes, which only lookups and the fallback read, stay where they are."""
         new = copy.copy(self)
-        new.parts = [p.map_tensors(fn) if isinstance(p, QuantTensor) else fn(p) for p in self.parts]
+        new.parts = [p.map_tensors(fn, codes=t is None) if isinstance(p, QuantTensor) else fn(p)
+                     for p, t in zip(self.parts, self.tiles)]
         new.subs = [None if s is None else fn(s) for s in self.subs]
         new.mins = [None if m is None else fn(m) for m in self.mins]
+        new.tiles = [None if t is None else fn(t) for t in self.tiles]
         return new
 
     def __call__(self, x: torch.Tensor, options: KernelOptions = KernelOptions()) -> torch.Tensor:
@@ -176,14 +185,14 @@ class QuantLinear:
         use_kernel = kernel.available()
         if not use_kernel:
             _warn_fallback()
-        for p, sub, mins in zip(self.parts, self.subs, self.mins):
+        for p, sub, mins, tiles in zip(self.parts, self.subs, self.mins, self.tiles):
             n = p.rows if isinstance(p, QuantTensor) else p.shape[0]
             if not isinstance(p, QuantTensor):
                 out[:, col:col + n] = linear(x, p, options=options)
             elif use_kernel:
                 kernel.qlinear(x, p.bits, p.group, p.codes, p.scale, p.offset, out[:, col:col + n],
                                p.act_of(self.act), sub, p.super_scale if sub is not None else None,
-                               mins, p.super_min if mins is not None else None)
+                               mins, p.super_min if mins is not None else None, tiles)
             else:
                 out[:, col:col + n] = _reference(x, p, p.act_of(self.act))
             col += n
@@ -207,6 +216,26 @@ class QuantLinear:
             raise ValueError("an embedding table is a single part")
         p = self.parts[0]
         return p.dequantize(ids) if isinstance(p, QuantTensor) else p[ids].float()
+
+
+def tiles16(p: QuantTensor, sub: torch.Tensor | None, mins: torch.Tensor | None, act: int) -> torch.Tensor | None:
+    """A K-quant part's row-interleaved tiles for the int8 kernels (tiles_rows16.h: 16 features side by
+    side, one super-block at a time), or None where none are read (not int8 activations, no kernel, not
+    Q4_K with its integer minimums or Q6_K). Raises ValueError on scales the tiles cannot hold as the
+    file does (6-bit Q4_K group scales, float16 d and dmin: a GGUF file's always fit)."""
+    if act != 8 or sub is None or not kernel.available() or (p.bits, mins is not None) not in ((4, True), (6, False)):
+        return None
+    half = lambda t: t is None or torch.equal(t.half().float(), t)  # noqa: E731
+    if (p.bits == 4 and sub.numel() and sub.min() < 0) or not half(p.super_scale) or not half(p.super_min):
+        raise ValueError("int4-a8 reads Q4_K and Q6_K as tiles that hold the file's float16 super-block "
+                         "scales and unsigned 6-bit Q4_K group scales; these scales do not fit")
+    out = torch.empty(-(-p.rows // 16) * (p.cols // 256) * TILE16_BYTES[p.bits], dtype=torch.uint8)
+    kernel.pack_tiles16(p.bits, p.codes, sub, mins, p.super_scale.contiguous(),
+                        p.super_min.contiguous() if mins is not None else None, out)
+    return out
+
+
+TILE16_BYTES = {4: 2368, 6: 3360}  # one super-block of 16 features (kRows16Bytes, kRows16Bytes6)
 
 
 def pack3(q: np.ndarray) -> np.ndarray:

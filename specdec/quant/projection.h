@@ -10,7 +10,7 @@
 
 #include "kernels.h"
 #include "qlinear.h"
-#include "tiles_prompt.h"
+#include "tiles_rows16.h"
 
 namespace {
 
@@ -24,14 +24,6 @@ struct Reader {
                           int64_t ldy) const {
         for (int64_t j = j0; j < j1; ++j) feature(part, j, r0, r1, y, ldy);
     }
-    // Prompts (tiles_prompt.h): the bytes feature j's weights take decoded, 0 where they are read as packed;
-    // the decoding; and the feature from it.
-    virtual int64_t decoded_bytes(const Part&) const { return 0; }
-    virtual void decode(const Part&, int64_t, uint8_t*) const {}
-    virtual void decoded_feature(const Part& part, int64_t j, const uint8_t*, int64_t r0, int64_t r1, float* y,
-                                 int64_t ldy) const {
-        feature(part, j, r0, r1, y, ldy);
-    }
 };
 
 // int8 per G values, one float scale (and offset) per group of G (tiles_group_x.h): the file's 4-bit Q4_0 /
@@ -42,7 +34,7 @@ class A8Reader final : public Reader {
     A8Reader(const float* x, int64_t rows, int64_t k, bool offsets)
         : k_(k), xq_(buffer<int8_t>(rows * k)), sx_(buffer<float>(rows * (k / G))),
           sums_(offsets ? buffer<float>(rows * (k / G)) : nullptr) {
-        quantize_rows<G>(x, rows, k, G, XOrder::ELEMENT, xq_.get(), sx_.get(), sums_.get());
+        quantize_rows<G>(x, rows, k, G, xq_.get(), sx_.get(), sums_.get());
     }
 
     void feature(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const override {
@@ -98,135 +90,92 @@ class A8Reader final : public Reader {
     std::unique_ptr<float[]> sx_, sums_;
 };
 
-// K-quant super-blocks (Q4_K: BITS 4, Q6_K: BITS 6): x rounded per 256 values to int8 (ACT 8, int4-a8)
-// or int16 (ACT 16, int4-a16), then the tile of that rounding.
-template <int BITS, int ACT>
+// K-quant super-blocks (Q4_K: BITS 4, Q6_K: BITS 6) under int16 activations (int4-a16): x rounded per
+// 256 values to int16 (quantize_rows16), then tile_a16. Under int8 they read row-interleaved tiles
+// (Rows16Reader).
+template <int BITS>
 class SuperReader final : public Reader {
-    using XQ = std::conditional_t<ACT == 8, int8_t, int16_t>;
     static constexpr int G = BITS == 4 ? 32 : 16;
-    // rows a tile takes: at 8 with int8 the integer sums and float accumulators no longer fit the 16
-    // vector registers (a 256-row Q4_K projection ran 0.85x the rate of tiles of 6)
-    static constexpr int kTile = ACT == 8 ? 6 : 8;
 
    public:
-    // int_mins: Q4_K's offsets as integer minimums (ACT 8); offsets: float offsets otherwise
-    SuperReader(const float* x, int64_t rows, int64_t k, bool offsets, bool int_mins)
-        : k_(k), int_mins_(int_mins), xq_(buffer<XQ>(rows * k)), dx_(buffer<float>(rows * (k / 256))) {
-        const int64_t groups = k / G;
-        // int4-a8: each group's integer sum of the rounded x (Q6_K's unsigned6_correction, Q4_K's min_dot)
-        if (ACT == 8 && (BITS == 6 || int_mins)) isums_ = buffer<int16_t>(rows * groups);
-        // float offsets: under int4-a8 on the rounded x (quantize_rows); int4-a16's rounding is 256 times
-        // finer and its offsets see the unrounded x
-        if (offsets && !int_mins) sums_ = ACT == 8 ? buffer<float>(rows * groups) : group_sums<G>(x, rows, k);
-        if constexpr (ACT == 8)
-            quantize_rows<G>(x, rows, k, 256, BITS == 4 ? SUPER_X4 : SUPER_X6, xq_.get(), dx_.get(),
-                             sums_.get(), isums_.get());
-        else quantize_rows16(x, rows, k, xq_.get(), dx_.get());
+    // offsets: float offsets, on the unrounded x (int4-a16's rounding is 256 times finer than int8's)
+    SuperReader(const float* x, int64_t rows, int64_t k, bool offsets)
+        : k_(k), xq_(buffer<int16_t>(rows * k)), dx_(buffer<float>(rows * (k / 256))),
+          sums_(offsets ? group_sums<G>(x, rows, k) : nullptr) {
+        quantize_rows16(x, rows, k, xq_.get(), dx_.get());
     }
 
     void feature(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const override {
-        feature_at(p, j, r0, r1, y, ldy, nullptr);
-    }
-
-    // Q4_K under int8: 8 features at a time, their minimums' terms for every row first (min_dot8: the
-    // same floats as min_dot, each operation for 8 features), then each feature's tiles.
-    void features(const Part& p, int64_t j0, int64_t j1, int64_t r0, int64_t r1, float* y,
-                  int64_t ldy) const override {
         const int64_t supers = k_ / 256, groups = k_ / G;
-        int64_t j = j0;
-        if (int_mins_ && supers <= kMins8Supers && r1 - r0 <= kPromptRows)
-            for (; j + 8 <= j1; j += 8) {
-                float less8[kPromptRows * 8];
-                min_dot8(isums_.get() + r0 * groups, groups, dx_.get() + r0 * supers, supers, p.mins + j * groups,
-                         p.dmin + j * supers, r1 - r0, less8);
-                for (int f = 0; f < 8; ++f) feature_at(p, j + f, r0, r1, y, ldy, less8 + f);
-            }
-        for (; j < j1; ++j) feature_at(p, j, r0, r1, y, ldy, nullptr);
-    }
-
-#ifndef __AVX512VNNI__
-    // Q6_K under int8 (tiles_prompt.h); the rest read their codes packed
-    int64_t decoded_bytes(const Part&) const override { return ACT == 8 && BITS == 6 ? k_ / 256 * kDecoded6 : 0; }
-
-    void decode(const Part& p, int64_t j, uint8_t* w) const override {
-        if constexpr (ACT == 8 && BITS == 6)
-            decode_super6((const uint8_t*)p.codes + j * row_bytes<BITS>(k_), p.sub + j * (k_ / G), k_ / 256, w);
-    }
-
-    void decoded_feature(const Part& p, int64_t j, const uint8_t* w, int64_t r0, int64_t r1, float* y,
-                         int64_t ldy) const override {
-        if constexpr (ACT == 8 && BITS == 6)
-            each_tile<kTile>(p, j, r0, r1, y, ldy, [&](auto mt, const XQ* xq, const float* dx, const float* xs,
-                                                       const int16_t* is, const float* dsup, const float* o, float* yr,
-                                                       const float* less) {
-                prompt_tile6<decltype(mt)::value>(xq, dx, k_, xs, is, w, dsup, o, yr, ldy, less);
-            });
-        else feature(p, j, r0, r1, y, ldy);
-    }
-#endif
-
-   private:
-    // Feature j's rows [r0, r1); less8: Q4_K's minimums' terms of rows r0.. at stride 8, or null to compute.
-    void feature_at(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy, const float* less8) const {
         const void* c = (const uint8_t*)p.codes + j * row_bytes<BITS>(k_);
-        const int8_t* sub = p.sub + j * (k_ / G);
-        each_tile<kTile>(p, j, r0, r1, y, ldy, [&](auto mt, const XQ* xq, const float* dx, const float* xs,
-                                                   const int16_t* is, const float* dsup, const float* o, float* yr,
-                                                   const float* less) {
-            constexpr int MT = decltype(mt)::value;
-            if constexpr (ACT == 8) tile_super<BITS, MT>(xq, dx, k_, xs, is, c, sub, dsup, o, yr, ldy, less);
-            else tile_a16<BITS, MT>(xq, dx, k_, xs, c, sub, dsup, o, yr, ldy);
-        }, less8);
-    }
-
-    // Feature j's rows [r0, r1) in tiles: tile(MT, x, dx, group sums, integer group sums, dsup, offsets, y,
-    // Q4_K's integer minimums or null); less8 (row r0 + i's at less8[i * 8]): those minimums given.
-    template <int T, class Tile>
-    void each_tile(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy, Tile tile,
-                   const float* less8 = nullptr) const {
-        const int64_t supers = k_ / 256, groups = k_ / G;
-        const float* o = int_mins_ || !p.offset ? nullptr : p.offset + j * groups;
-        const float* dsup = p.dsup + j * supers;
-        row_tiles<T>(r0, r1, [&](auto mt, int64_t r) {
-            constexpr int MT = decltype(mt)::value;
-            const int16_t* is = isums_ ? isums_.get() + r * groups : nullptr;
-            const float* dx = dx_.get() + r * supers;
-            float less[MT];
-            for (int i = 0; less8 && i < MT; ++i) less[i] = less8[(r - r0 + i) * 8];
-            if (int_mins_ && !less8) mins_of<MT>(p, j, is, dx, less);
-            tile(mt, xq_.get() + r * k_, dx, sums_ ? sums_.get() + r * groups : nullptr, is, dsup, o,
-                 y + r * ldy + j, int_mins_ ? less : nullptr);
+        const int8_t* sub = p.sub + j * groups;
+        const float* o = p.offset ? p.offset + j * groups : nullptr;
+        row_tiles(r0, r1, [&](auto mt, int64_t r) {
+            tile_a16<BITS, decltype(mt)::value>(xq_.get() + r * k_, dx_.get() + r * supers, k_,
+                                                sums_ ? sums_.get() + r * groups : nullptr, c, sub,
+                                                p.dsup + j * supers, o, y + r * ldy + j, ldy);
         });
     }
 
-    // Q4_K's minimums' term of feature j for MT rows (is, dx: the first row's), subtracted as the tile finishes.
-    template <int MT>
-    void mins_of(const Part& p, int64_t j, const int16_t* is, const float* dx, float* less) const {
-        const int64_t supers = k_ / 256, groups = k_ / G;
-        for (int i = 0; i < MT; ++i)
-            less[i] = min_dot(is + i * groups, p.mins + j * groups, p.dmin + j * supers, dx + i * supers, supers);
+   private:
+    int64_t k_;
+    std::unique_ptr<int16_t[]> xq_;
+    std::unique_ptr<float[]> dx_, sums_;
+};
+
+// Q4_K (BITS 4) or Q6_K (BITS 6) under int8 on row-interleaved tiles (tiles_rows16.h): x rounded per 256
+// values in element order, with each group's integer sum (the minimums' term, Q6_K's offset of 32).
+template <int BITS>
+class Rows16Reader final : public Reader {
+    static constexpr int G = BITS == 4 ? 32 : 16;
+    static constexpr int64_t kBytes = BITS == 4 ? kRows16Bytes : kRows16Bytes6;
+
+   public:
+    Rows16Reader(const float* x, int64_t rows, int64_t k)
+        : k_(k), xq_(buffer<int8_t>(rows * k)), dx_(buffer<float>(rows * (k / 256))),
+          isums_(buffer<int16_t>(rows * (k / G))) {
+        quantize_rows<G>(x, rows, k, 256, xq_.get(), dx_.get(), nullptr, isums_.get());
     }
 
+    void feature(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const override {
+        features(p, j, j + 1, r0, r1, y, ldy);
+    }
+
+    // Each tile column of 16 features that [j0, j1) touches, writing only [j0, j1): a column's lanes are
+    // computed alike whoever asks for them.
+    void features(const Part& p, int64_t j0, int64_t j1, int64_t r0, int64_t r1, float* y,
+                  int64_t ldy) const override {
+        const int64_t supers = k_ / 256, groups = k_ / G;
+        for (int64_t t = j0 / 16; t * 16 < j1; ++t) {
+            const int lo = (int)(std::max(j0, t * 16) - t * 16), hi = (int)(std::min(j1, t * 16 + 16) - t * 16);
+            const uint8_t* tile = p.tiles + t * supers * kBytes;
+            balanced_tiles(r0, r1, [&](auto mt, int64_t r) {
+                rows16<BITS, decltype(mt)::value>(xq_.get() + r * k_, dx_.get() + r * supers, isums_.get() + r * groups,
+                                                  k_, tile, y + r * ldy + t * 16, ldy, lo, hi);
+            });
+        }
+    }
+
+   private:
     int64_t k_;
-    bool int_mins_;
-    std::unique_ptr<XQ[]> xq_;
-    std::unique_ptr<float[]> dx_, sums_;
+    std::unique_ptr<int8_t[]> xq_;
+    std::unique_ptr<float[]> dx_;
     std::unique_ptr<int16_t[]> isums_;
 };
 
 // The reader a part needs, or null for a layout the integer paths do not take.
 inline std::unique_ptr<Reader> make_reader(const Part& p, const float* x, int64_t rows, int64_t k) {
     if (p.dense || (p.act != 8 && p.act != 16) || k % 32) return nullptr;
+    if (p.tiles) {
+        if (p.act != 8 || k % 256) return nullptr;
+        if (p.bits == 4) return std::unique_ptr<Reader>(new Rows16Reader<4>(x, rows, k));
+        return p.bits == 6 ? std::unique_ptr<Reader>(new Rows16Reader<6>(x, rows, k)) : nullptr;
+    }
     const bool offsets = p.offset != nullptr;
-    if (p.sub) {  // K-quant super-blocks: one exact integer sum per 256 (or 128) values
-        if (k % 256 || !p.dsup || (p.mins && (p.act != 8 || !p.dmin))) return nullptr;
-        const bool mins = p.mins != nullptr;
-        if (p.bits == 4 && p.group == 32)
-            return p.act == 8 ? std::unique_ptr<Reader>(new SuperReader<4, 8>(x, rows, k, offsets, mins))
-                              : std::unique_ptr<Reader>(new SuperReader<4, 16>(x, rows, k, offsets, false));
-        if (p.bits == 6 && p.group == 16 && !mins)
-            return p.act == 8 ? std::unique_ptr<Reader>(new SuperReader<6, 8>(x, rows, k, offsets, false))
-                              : std::unique_ptr<Reader>(new SuperReader<6, 16>(x, rows, k, offsets, false));
+    if (p.sub) {  // K-quant super-blocks: int8 reads the tiles (above), int16 the file's layout
+        if (p.act != 16 || k % 256 || !p.dsup) return nullptr;
+        if (p.bits == 4 && p.group == 32) return std::unique_ptr<Reader>(new SuperReader<4>(x, rows, k, offsets));
+        if (p.bits == 6 && p.group == 16) return std::unique_ptr<Reader>(new SuperReader<6>(x, rows, k, offsets));
         return nullptr;
     }
     if (p.act != 8 || k % p.group) return nullptr;
@@ -240,7 +189,7 @@ inline std::unique_ptr<Reader> make_reader(const Part& p, const float* x, int64_
 // Whether two parts read x the same way (one rounding serves both).
 inline bool same_reading(const Part& a, const Part& b) {
     return a.bits == b.bits && a.group == b.group && a.act == b.act && !a.sub == !b.sub && !a.mins == !b.mins &&
-           !a.offset == !b.offset;
+           !a.offset == !b.offset && !a.tiles == !b.tiles;
 }
 
 // run(p, a, b) for each run [a, b) of part p's features (numbered within the part) among the projection's
@@ -255,41 +204,30 @@ inline void part_runs(const std::vector<int64_t>& start, int64_t j0, int64_t j1,
     }
 }
 
-// A prompt's rows through every feature (tiles_prompt.h): each thread takes a tile of features, decodes
-// their weights once (or reads them packed, where a reader does not decode) and runs every row through
-// them, kPromptSpan rows at a time.
+// Rows from which a call is a prompt's: a thread takes a tile of features whose codes fill about
+// kPromptTileBytes of L2 and runs every row through it, kPromptSpan rows at a time (their int8
+// activations stay in L2 too), so the weights come from memory once per call, not once per row block
+// (ffn_down's 8-row blocks read its codes 32 times for 256 rows).
+constexpr int64_t kPromptRows = 32;
+constexpr int64_t kPromptTileBytes = 96 * 1024;
+constexpr int64_t kPromptSpan = 12;
+
+// A prompt's rows through every feature: each thread takes a tile of features (whole row-interleaved
+// tiles of 16) and runs every row through them, kPromptSpan rows at a time.
 inline void run_prompt(const std::vector<const Reader*>& readers, const Part* parts, const std::vector<int64_t>& start,
                        int64_t rows, int64_t k, float* y, int64_t ldy, int threads) {
     const int64_t num_parts = (int64_t)readers.size(), n = start[num_parts];
-    int64_t slot = 0, code_bytes = 0;  // a feature's decoded bytes (the most any part needs), its packed bytes
-    for (int64_t p = 0; p < num_parts; ++p) {
-        slot = std::max(slot, (readers[p]->decoded_bytes(parts[p]) + 63) / 64 * 64);
-        code_bytes = std::max(code_bytes, k * parts[p].bits / 8);
-    }
-    const int64_t f = prompt_features(slot ? slot : code_bytes), tiles = (n + f - 1) / f;
-#pragma omp parallel num_threads(threads)
-    {
-        std::unique_ptr<uint8_t[]> w = buffer<uint8_t>(slot * f);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tiles; ++t) {
-            const int64_t j0 = t * f, j1 = std::min(j0 + f, n);
-            if (slot)
-                part_runs(start, j0, j1, [&](int64_t p, int64_t a, int64_t b) {
-                    for (int64_t j = a; j < b; ++j)
-                        readers[p]->decode(parts[p], j, w.get() + (start[p] + j - j0) * slot);
-                });
-            for (int64_t r = 0; r < rows; r += kPromptSpan) {
-                const int64_t r1 = std::min(r + kPromptSpan, rows);
-                part_runs(start, j0, j1, [&](int64_t p, int64_t a, int64_t b) {
-                    if (!readers[p]->decoded_bytes(parts[p])) {
-                        readers[p]->features(parts[p], a, b, r, r1, y + start[p], ldy);
-                        return;
-                    }
-                    for (int64_t j = a; j < b; ++j)
-                        readers[p]->decoded_feature(parts[p], j, w.get() + (start[p] + j - j0) * slot, r, r1,
-                                                    y + start[p], ldy);
-                });
-            }
+    int64_t code_bytes = 1;  // a feature's packed bytes, the most any part has
+    for (int64_t p = 0; p < num_parts; ++p) code_bytes = std::max(code_bytes, k * parts[p].bits / 8);
+    const int64_t f = std::max<int64_t>(16, kPromptTileBytes / code_bytes / 16 * 16), tiles = (n + f - 1) / f;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t j0 = t * f, j1 = std::min(j0 + f, n);
+        for (int64_t r = 0; r < rows; r += kPromptSpan) {
+            const int64_t r1 = std::min(r + kPromptSpan, rows);
+            part_runs(start, j0, j1, [&](int64_t p, int64_t a, int64_t b) {
+                readers[p]->features(parts[p], a, b, r, r1, y + start[p], ldy);
+            });
         }
     }
 }
@@ -315,10 +253,11 @@ inline int run_projection(const float* x, int64_t rows, int64_t k, const Part* p
         run_prompt(readers, parts, start, rows, k, y, ldy, threads);
         return 0;
     }
-    // rows in blocks whose x (int16 or int8) stays in L2; features in chunks on demand, a multiple of 8
+    // rows in blocks whose x (int16 or int8) stays in L2; features in chunks on demand, whole
+    // row-interleaved tiles of 16
     const bool wide = std::any_of(parts, parts + num_parts, [](const Part& p) { return p.act == 16; });
     const int64_t n = start[num_parts], block = row_block(k, wide ? 2 : 1);
-    const int64_t chunk = (chunk_size(n, threads, 4) + 7) / 8 * 8, chunks = (n + chunk - 1) / chunk;
+    const int64_t chunk = (chunk_size(n, threads, 4) + 15) / 16 * 16, chunks = (n + chunk - 1) / chunk;
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         const int64_t r1 = std::min(r0 + block, rows);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)

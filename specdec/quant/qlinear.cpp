@@ -1,5 +1,7 @@
 // The C entry points of the linear layers (kernels in qlinear.h and projection.h, built here for AVX2)
 // and the choice of instruction set for the integer-activation paths.
+#include <string.h>
+
 #include "peak.h"
 #include "projection.h"
 
@@ -12,6 +14,38 @@ int& isa() {
     static int value = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     return value;
+}
+
+inline void put_half(float v, uint8_t* at) {
+    const uint16_t h = _cvtss_sh(v, 0);
+    memcpy(at, &h, 2);
+}
+
+// Feature f's super-block of Q4_K into its tile o (codes: byte i of a group holds values i, 16 + i).
+void pack_q4k(const uint8_t* codes, const int8_t* sub, const uint8_t* mins, float d, float dmin, int f, uint8_t* o) {
+    put_half(d, o + kDAt + 2 * f);
+    put_half(dmin, o + kDminAt + 2 * f);
+    for (int g = 0; g < 8; ++g) {
+        o[kSubAt + 16 * g + f] = (uint8_t)sub[g];
+        o[kMinsAt + 32 * (g / 2) + 2 * f + g % 2] = mins[g];
+        for (int b = 0; b < 16; ++b)  // run b / 4, value b % 4: the group's byte b as it is
+            o[kCodesAt + 256 * g + 64 * (b / 4) + 4 * f + b % 4] = codes[16 * g + b];
+    }
+}
+
+// Feature f's super-block of Q6_K into its tile o (codes in pack6's layout, two runs of 128 values).
+void pack_q6k(const uint8_t* codes, const int8_t* sub, float d, int f, uint8_t* o) {
+    put_half(d, o + kD6At + 2 * f);
+    for (int g = 0; g < 16; ++g) o[32 * (g / 2) + 2 * f + g % 2] = (uint8_t)sub[g];
+    for (int v = 0; v < 256; ++v) {
+        const uint8_t* c = codes + 96 * (v / 128);
+        const int e = v % 128;
+        const int low = e < 64 ? c[e] & 0x0F : c[e - 64] >> 4, top = (c[64 + e % 32] >> (2 * (e / 32))) & 3;
+        const int g = v / 16, run = (v % 16) / 4, at = 4 * f + v % 4;
+        uint8_t* pair = o + kCodes6At + 384 * (g / 2);
+        pair[64 * run + at] |= (uint8_t)(low << (4 * (g % 2)));
+        pair[256 + 64 * (g % 2) + at] |= (uint8_t)(top << (2 * run));
+    }
 }
 
 }  // namespace
@@ -46,16 +80,17 @@ int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_
 // with sub ([n, k / G] int8) and dsup ([n, k / 256]), scale = dsup * sub per super-block of 256 values
 // (Q4_K: bits 4, group 32; Q6_K: bits 6, group 16) and x is quantized per 256 values instead.
 // With mins ([n, k / 32] uint8) and dmin ([n, k / 256]) under act 8, Q4_K's offsets are -dmin * mins per
-// super-block, summed in integers (offset is then not read).
+// super-block, summed in integers (offset is then not read). With tiles (act 8, Q4_K), the same weights
+// row-interleaved (tiles_rows16.h) are read instead.
 // act 16: activations quantized to int16 per 256 values (precision int4-a16); needs sub and dsup.
 // act 0: float32 activations (precision int4, weight-only).
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
             const float* scale, const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act,
-            const int8_t* sub, const float* dsup, const uint8_t* mins, const float* dmin) {
+            const int8_t* sub, const float* dsup, const uint8_t* mins, const float* dmin, const uint8_t* tiles) {
     if (k % 32 || (act != 0 && act != 8 && act != 16)) return -1;
     if (act == 16 && !sub) return -1;  // int16: K-quant super-blocks only (decoder.py / packed.py route the rest)
     if (act) {
-        const Part part{n, bits, group, act, codes, scale, offset, dsup, sub, mins, dmin, nullptr};
+        const Part part{n, bits, group, act, codes, scale, offset, dsup, sub, mins, dmin, nullptr, tiles};
         return qlinear_parts(x, rows, k, &part, 1, y, ldy, threads);
     }
     if (bits == 4 && group == 32) run<4, 32>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
@@ -63,6 +98,28 @@ int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const 
     else if (bits == 6 && group == 16 && k % 128 == 0) run<6, 16>(x, rows, k, codes, scale, offset, n, y, ldy, threads);
     else return -1;
     return 0;
+}
+
+// A K-quant part's arrays as row-interleaved tiles (tiles_rows16.h): Q4_K (bits 4: codes [n, k / 2] as
+// packed.py holds them, sub and mins [n, k / 32], d and dmin [n, k / 256]) or Q6_K (bits 6: codes
+// [n, k * 3 / 4] in pack6's layout, sub [n, k / 16], d; mins and dmin null). d and dmin hold float16 values.
+// out: ceil(n / 16) * (k / 256) tiles; the last tile's missing features are zero.
+void pack_tiles16(int bits, const uint8_t* codes, const int8_t* sub, const uint8_t* mins, const float* d,
+                  const float* dmin, int64_t n, int64_t k, uint8_t* out) {
+    const int64_t supers = k / 256, tiles = (n + 15) / 16, bytes = bits == 4 ? kRows16Bytes : kRows16Bytes6;
+#pragma omp parallel for
+    for (int64_t t = 0; t < tiles; ++t)
+        for (int64_t sb = 0; sb < supers; ++sb) {
+            uint8_t* o = out + (t * supers + sb) * bytes;
+            memset(o, 0, bytes);
+            for (int f = 0; f < 16 && t * 16 + f < n; ++f) {
+                const int64_t j = t * 16 + f;
+                if (bits == 4) pack_q4k(codes + j * (k / 2) + sb * 128, sub + j * (k / 32) + sb * 8,
+                                        mins + j * (k / 32) + sb * 8, d[j * supers + sb], dmin[j * supers + sb], f, o);
+                else pack_q6k(codes + j * (k * 3 / 4) + sb * 192, sub + j * (k / 16) + sb * 16, d[j * supers + sb], f,
+                              o);
+            }
+        }
 }
 
 // Every part of a fused projection (q|k|v, gate|up) in one call, parts side by side in y's columns

@@ -19,7 +19,7 @@
 #include "tiles_common.h"     // shared helpers, threads, row blocks and tiles
 #include "tiles_float_x.h"    // float32 activations
 #include "quantize_x.h"       // activation quantization (int8, int16)
-#include "tiles_int8_x.h"     // int8 activations: K-quant super-blocks
+#include "tiles_rows16.h"     // int8 activations: K-quant super-blocks, row-interleaved
 #include "tiles_group_x.h"    // int8 activations: per-group scales (per 32 or 64 values)
 #include "tiles_int16_x.h"    // int16 activations: K-quant super-blocks
 #include "dense.h"            // dense float32 weights

@@ -23,31 +23,15 @@ inline int32_t hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-// Where value i of a block goes in the rounded x. PAIR64: each 64 values are stored as [group 2c elements
-// 0-15, group 2c+1 elements 0-15, then both groups' elements 16-31]: the order in which one 32-byte load
-// of two int4 groups' codes yields its nibbles. PAIR128: two such 64-value runs interleaved by halves
-// [run 0 first half, run 1 first half, run 0 second half, run 1 second half]: the order of one 64-byte
-// load's nibbles. SPLIT64: each 64 values as `split_words` makes them of its two runs of 32 (Q6_K's
-// codes in tile_super<6> on AVX2).
-enum class XOrder { ELEMENT, PAIR64, PAIR128, SPLIT64 };
-
-inline int x_position(int i, XOrder order) {
-    if (order == XOrder::ELEMENT || order == XOrder::SPLIT64) return i;  // SPLIT64: moved once the block is done
-    const int e = i % 64, pos64 = (e % 32) / 16 * 32 + e / 32 * 16 + e % 16;
-    if (order == XOrder::PAIR64) return (i - e) + pos64;
-    const int run = (i % 128) / 64;
-    return (i - i % 128) + pos64 / 32 * 64 + run * 32 + pos64 % 32;
-}
-
-// x rounded to int8 per `block` values: x ~= dx[r, b] * xq[r, b, :], dx = max|x| / 127 (round to nearest),
-// stored in `order`. With xsum ([rows, k / G]), also each group's sum of the rounded values, dx times an
-// exact integer sum: the offsets (Q4_K's -dmin * m, Q4_0's -8d) then multiply the same x as the codes, so a
+// x rounded to int8 per `block` values: x ~= dx[r, b] * xq[r, b, :], dx = max|x| / 127 (round to
+// nearest). With xsum ([rows, k / G]), also each group's sum of the rounded values, dx times an exact
+// integer sum: the offsets (Q4_0's -8d, Q4_1's minimum) then multiply the same x as the codes, so a
 // product is w . x_rounded (llama.cpp's bsums). With the unrounded sums instead, the rounding error was
 // weighted by the unsigned codes s * q, several times the centred weights (docs/cpu-kernels.md).
-// With isums ([rows, k / G] int16), each group's exact integer sum of the rounded values (for Q6_K's
-// unsigned codes, `unsigned6_correction`).
+// With isums ([rows, k / G] int16), each group's exact integer sum of the rounded values (Q4_K's
+// minimums, Q6_K's offset of 32: tiles_rows16.h).
 template <int G>
-void quantize_rows(const float* x, int64_t rows, int64_t k, int block, XOrder order, int8_t* xq, float* dx,
+void quantize_rows(const float* x, int64_t rows, int64_t k, int block, int8_t* xq, float* dx,
                    float* xsum, int16_t* isums = nullptr) {
     const int64_t blocks = k / block;
     for (int64_t r = 0; r < rows; ++r)
@@ -59,24 +43,18 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int block, XOrder or
             const __m256 vid = _mm256_set1_ps(id);
             for (int g = 0; g < block / G; ++g) {
                 __m256i sum = _mm256_setzero_si256();
-                // 16 values at a time: every XOrder moves runs of 16 whole (round to nearest even, as nearbyint)
+                // 16 values at a time (round to nearest even, as nearbyint)
                 for (int i = g * G; i < (g + 1) * G; i += 16) {
                     const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), vid));
                     const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), vid));
                     sum = _mm256_add_epi32(sum, _mm256_add_epi32(a, c));
                     const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, c), 0xD8);  // 16 int16 in order
-                    _mm_storeu_si128((__m128i*)(qb + x_position(i, order)),
+                    _mm_storeu_si128((__m128i*)(qb + i),
                                      _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
                 }
                 const int32_t isum = hsum_epi32(sum);
                 if (xsum) xsum[(r * k + b * block) / G + g] = d * (float)isum;
                 if (isums) isums[(r * k + b * block) / G + g] = (int16_t)isum;
-            }
-            for (int i = 0; order == XOrder::SPLIT64 && i < block; i += 64) {
-                __m256i even, odd;
-                split_words(load256(qb + i), load256(qb + i + 32), &even, &odd);
-                _mm256_storeu_si256((__m256i*)(qb + i), even);
-                _mm256_storeu_si256((__m256i*)(qb + i + 32), odd);
             }
         }
 }

@@ -112,6 +112,18 @@ inline void row_tiles(int64_t r0, int64_t r1, Tile tile) {
     simd::with_count(r1 - r, [&](auto mt) { tile(mt, r); });
 }
 
+// tile(MT, r) for rows [r0, r1) in the fewest tiles of at most 8, their sizes within one of each other
+// (17 rows: 6, 6, 5, not 8, 8, 1), for tiles that pay per tile what a row-by-row tile pays per row.
+template <class Tile>
+inline void balanced_tiles(int64_t r0, int64_t r1, Tile tile) {
+    const int64_t n = r1 - r0, tiles = (n + 7) / 8;
+    for (int64_t i = 0, r = r0; i < tiles; ++i) {
+        const int64_t mt = (n - (r - r0)) / (tiles - i);  // the rest spread over the tiles left
+        simd::with_count<8>(mt, [&](auto m) { tile(m, r); });
+        r += mt;
+    }
+}
+
 // Runs feature(j, r0, r1) over every output feature j in [0, n) (in parallel), for rows in blocks of
 // `row_block` of float32 x (each output's arithmetic never depends on the blocking: row_tiles).
 template <class Feature>
@@ -137,15 +149,16 @@ void for_each_feature(int64_t n, int64_t rows, int64_t k, const void* codes, con
     });
 }
 
-// y[r] = the fixed horizontal sum of acc[r] + the offsets' term, less less[r] where given (Q4_K's integer
-// minimums under int8, computed before the tile so that y is written once).
+// y[r] = the fixed horizontal sum of acc[r] + the offsets' term.
 template <int MT>
-inline void finish(const __m256* acc, int64_t groups, const float* xsum, const float* offset, float* y, int64_t ldy,
-                   const float* less = nullptr) {
-    for (int r = 0; r < MT; ++r) {
-        const float v = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
-        y[r * ldy] = less ? v - less[r] : v;
-    }
+inline void finish(const __m256* acc, int64_t groups, const float* xsum, const float* offset, float* y, int64_t ldy) {
+    for (int r = 0; r < MT; ++r)
+        y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
+}
+
+// Each line of [p, p + bytes) into the L1 cache.
+inline void prefetch_lines(const void* p, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char*)p + b, _MM_HINT_T0);
 }
 
 }  // namespace

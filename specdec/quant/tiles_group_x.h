@@ -5,7 +5,7 @@
 #pragma once
 #include <string.h>
 
-#include "tiles_int8_x.h"
+#include "tiles_common.h"
 
 namespace {
 
@@ -77,6 +77,10 @@ inline void tile_a8(const int8_t* xq, const float* sx, int64_t k, const float* x
 }
 
 #ifdef __AVX512VNNI__
+inline __m512 halves(__m256 lo, __m256 hi) {  // AVX-512F only (no DQ in this build)
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
 // ---- two features at a time: feature j in a vector's low 256 bits, j + 1 in its high ----
 // Each half computes exactly what tile_a8 computes for its feature (the same int32 lanes, the same float
 // multiply and multiply-add per lane and group), so the results are tile_a8's bitwise; one instruction
