@@ -261,21 +261,25 @@ def test_prompt_rows_are_bitwise_the_rows_alone(act):
     assert torch.equal(torch.cat([parts(x[i:i + 31]) for i in range(0, 93, 31)] + [parts(x[93:])]), y)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, "R4_64", "R3_64"])
 @pytest.mark.parametrize("supers", [3, 6])
 def test_row_interleaved_tiles_give_each_feature_as_alone(qtype, supers):
-    """Under int8, Q4_K and Q6_K are read as tiles of 16 features side by side (tiles_rows16.h): a part
-    of 13 features (one tile, three lanes of padding) equals its features called as parts of one feature
-    each (a tile column asked for lane by lane), at verification and prompt row counts, with an odd and
-    an even number of super-blocks."""
+    """Under int8, Q4_K, Q6_K and a draft's 4- and 3-bit codes per 64 values are read as tiles of 16 features
+    side by side (tiles_rows16.h, tiles_rows16_g64.h): a part of 13 features (one tile, three lanes of
+    padding) equals its features called as parts of one feature each (a tile column asked for lane by
+    lane), at verification and prompt row counts, with an odd and an even number of super-blocks."""
     if not kernel.available():
         pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
-    cols = 256 * supers
-    t = QuantTensor.from_codes(decode(_random_blocks(qtype, np.random.default_rng(supers), 13, cols), qtype,
-                                      13, cols))
+    cols, rng = 256 * supers, np.random.default_rng(supers)
+    if qtype in ("R4_64", "R3_64"):
+        t = QuantTensor.from_codes(requantize(rng.standard_normal((13, cols)).astype(np.float32), int(qtype[1]), 64))
+        size = cols // 64 * packed.TILE64_BYTES[t.bits]
+    else:
+        t = QuantTensor.from_codes(decode(_random_blocks(qtype, rng, 13, cols), qtype, 13, cols))
+        size = supers * packed.TILE16_BYTES[t.bits]
     whole = QuantLinear([t], 8)
     alone = QuantLinear([whole.select_rows(torch.tensor([i])).parts[0] for i in range(13)], 8)
-    assert whole.tiles[0] is not None and whole.tiles[0].numel() == supers * packed.TILE16_BYTES[t.bits]
+    assert whole.tiles[0] is not None and whole.tiles[0].numel() == size
     x = torch.randn(40, cols, generator=torch.Generator().manual_seed(supers)) * 4
     for rows in (1, 2, 5, 9, 17, 31, 40):
         assert torch.equal(whole(x[:rows]), alone(x[:rows])), rows

@@ -71,6 +71,8 @@ SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
     "int8_peak": (ctypes.c_double, [("threads", _int), ("seconds", ctypes.c_double)]),
     "pack_tiles16": (None, [("bits", _int), ("codes", _ptr), ("sub", _ptr), ("mins", _ptr), ("d", _ptr),
                             ("dmin", _ptr), ("n", _i64), ("k", _i64), ("out", _ptr)]),
+    "pack_tiles64": (None, [("bits", _int), ("codes", _ptr), ("scale", _ptr), ("offset", _ptr), ("n", _i64), ("k", _i64),
+                            ("out", _ptr)]),
     "rms_norm": (None, [("x", _ptr), ("ldx", _i64), ("delta", _ptr), ("ldd", _i64), ("rows", _i64), ("h", _i64),
                         ("w", _ptr), ("eps", _f32), ("out", _ptr), ("threads", _int)]),
     "rope": (None, [("x", _ptr), ("ldx", _i64), ("rows", _i64), ("heads", _i64), ("d", _i64), ("positions", _ptr),
@@ -186,8 +188,8 @@ def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: 
     with sub ([n, k / group] int8) and super_scale ([n, k / 256] float32), scale == super_scale * sub
     per 256 values (Q4_K, Q6_K) and x is quantized per 256 values: one integer sum per super-block.
     With act 8 on Q4_K, mins ([n, k / 32] uint8) and super_min ([n, k / 256]): the offsets are
-    -super_min * mins, summed in integers over the rounded x; with tiles (`packed.tiles16`), the same
-    weights row-interleaved are read instead.
+    -super_min * mins, summed in integers over the rounded x; with tiles (`packed.tiles16`: Q4_K, Q6_K, or
+    4- or 3-bit codes per 64 values), the same weights row-interleaved are read instead.
     act 16: x quantized to int16 per 256 values, integer dot products (int4-a16; needs sub)."""
     lib = _lib()
     assert x.dtype == torch.float32 and x.is_contiguous() and out.stride(1) == 1
@@ -216,6 +218,17 @@ def pack_tiles16(bits: int, codes: torch.Tensor, sub: torch.Tensor, mins: torch.
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     _lib().pack_tiles16(bits, codes.data_ptr(), sub.data_ptr(), ptr(mins), d.data_ptr(), ptr(dmin), n, k,
                         out.data_ptr())
+
+
+def pack_tiles64(bits: int, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
+                 out: torch.Tensor) -> None:
+    """A part requantized per 64 values (bits 4 or 3: codes [n, k * bits / 8], scale and offset [n, k / 64]
+    float32, offset may be None) into `out` as row-interleaved tiles (tiles_rows16_g64.h says the layout)."""
+    n, k = codes.shape[0], codes.shape[1] * 8 // bits
+    for t in (codes, scale, offset, out):
+        assert t is None or t.is_contiguous()
+    _lib().pack_tiles64(bits, codes.data_ptr(), scale.data_ptr(), None if offset is None else offset.data_ptr(), n,
+                        k, out.data_ptr())
 
 
 def int8_peak(threads: int, seconds: float = 0.2, runs: int = 3) -> float:

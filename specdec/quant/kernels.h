@@ -18,7 +18,7 @@ struct Part {
     const uint8_t* mins;    // Q4_K under act 8: integer minimums (else null), with dmin per 256 values
     const float* dmin;
     const float* dense;     // [n, k] float32, or null
-    const uint8_t* tiles;   // Q4_K, Q6_K under act 8: row-interleaved tiles (tiles_rows16.h), read instead of the rest
+    const uint8_t* tiles;   // Q4_K, Q6_K, q4_64, q3_64 under act 8: row-interleaved tiles (tiles_rows16*.h), read instead
 };
 
 struct Linear {
@@ -80,6 +80,7 @@ int qlinear_parts(const float* x, int64_t rows, int64_t k, const Part* parts, in
 double int8_peak(int threads, double seconds);
 void pack_tiles16(int bits, const uint8_t* codes, const int8_t* sub, const uint8_t* mins, const float* d,
                   const float* dmin, int64_t n, int64_t k, uint8_t* out);
+void pack_tiles64(int bits, const uint8_t* codes, const float* scale, const float* offset, int64_t n, int64_t k, uint8_t* out);
 
 // layer_ops.cpp: the decoder's glue
 void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t rows, int64_t h, const float* w,

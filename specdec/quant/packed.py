@@ -219,11 +219,18 @@ class QuantLinear:
 
 
 def tiles16(p: QuantTensor, sub: torch.Tensor | None, mins: torch.Tensor | None, act: int) -> torch.Tensor | None:
-    """A K-quant part's row-interleaved tiles for the int8 kernels (tiles_rows16.h: 16 features side by
-    side, one super-block at a time), or None where none are read (not int8 activations, no kernel, not
-    Q4_K with its integer minimums or Q6_K). Raises ValueError on scales the tiles cannot hold as the
-    file does (6-bit Q4_K group scales, float16 d and dmin: a GGUF file's always fit)."""
-    if act != 8 or sub is None or not kernel.available() or (p.bits, mins is not None) not in ((4, True), (6, False)):
+    """A part's row-interleaved tiles for the int8 kernels (16 features side by side: Q4_K and Q6_K one
+    super-block at a time, tiles_rows16.h; 4- or 3-bit codes per 64 values one group at a time,
+    tiles_rows16_g64.h), or None where none are read (not int8 activations, no kernel, another layout).
+    Raises ValueError on K-quant scales the tiles cannot hold as the file does (6-bit Q4_K group scales,
+    float16 d and dmin: a GGUF file's always fit)."""
+    if act != 8 or not kernel.available():
+        return None
+    if p.group == 64 and p.bits in TILE64_BYTES and p.super_scale is None and p.cols % 64 == 0:
+        out = torch.empty(-(-p.rows // 16) * (p.cols // 64) * TILE64_BYTES[p.bits], dtype=torch.uint8)
+        kernel.pack_tiles64(p.bits, p.codes, p.scale, p.offset, out)
+        return out
+    if sub is None or (p.bits, mins is not None) not in ((4, True), (6, False)):
         return None
     half = lambda t: t is None or torch.equal(t.half().float(), t)  # noqa: E731
     if (p.bits == 4 and sub.numel() and sub.min() < 0) or not half(p.super_scale) or not half(p.super_min):
@@ -236,6 +243,7 @@ def tiles16(p: QuantTensor, sub: torch.Tensor | None, mins: torch.Tensor | None,
 
 
 TILE16_BYTES = {4: 2368, 6: 3360}  # one super-block of 16 features (kRows16Bytes, kRows16Bytes6)
+TILE64_BYTES = {4: 640, 3: 512}  # one group of 64 values of 16 features (kRows64Bytes)
 
 
 def pack3(q: np.ndarray) -> np.ndarray:

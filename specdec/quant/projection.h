@@ -10,7 +10,7 @@
 
 #include "kernels.h"
 #include "qlinear.h"
-#include "tiles_rows16.h"
+#include "tiles_rows16_g64.h"
 
 namespace {
 
@@ -27,7 +27,7 @@ struct Reader {
 };
 
 // int8 per G values, one float scale (and offset) per group of G (tiles_group_x.h): the file's 4-bit Q4_0 /
-// Q4_1 and 8-bit Q5_0 / Q8_0 codes per 32, a requantized draft's 4- or 3-bit codes per 64.
+// Q4_1 and 8-bit Q5_0 / Q8_0 codes per 32.
 template <int BITS, int G>
 class A8Reader final : public Reader {
    public:
@@ -76,8 +76,7 @@ class A8Reader final : public Reader {
                 const float *sx = sx_.get() + r * groups, *xs = sums_ ? sums_.get() + r * groups : nullptr;
                 const uint8_t* c = (const uint8_t*)p.codes + j * bytes;
                 const float* s = p.scale + j * groups;
-                if constexpr (BITS == 3) tile_a8_wide3<MT, NP>(xq, sx, k_, xs, c, bytes, s, o, y + r * ldy + j, ldy);
-                else tile_a8_pairs<BITS, G, MT, NP>(xq, sx, k_, xs, c, bytes, s, o, y + r * ldy + j, ldy);
+                tile_a8_pairs<BITS, G, MT, NP>(xq, sx, k_, xs, c, bytes, s, o, y + r * ldy + j, ldy);
             });
         }
         return j;
@@ -123,6 +122,14 @@ class SuperReader final : public Reader {
     std::unique_ptr<float[]> dx_, sums_;
 };
 
+// fn(t, lo, hi) for each tile column t of 16 features that [j0, j1) touches, lanes [lo, hi) of it in
+// [j0, j1): a column's lanes are computed alike whoever asks for them, and only those asked are written.
+template <class Fn>
+inline void tile_columns(int64_t j0, int64_t j1, Fn fn) {
+    for (int64_t t = j0 / 16; t * 16 < j1; ++t)
+        fn(t, (int)(std::max(j0, t * 16) - t * 16), (int)(std::min(j1, t * 16 + 16) - t * 16));
+}
+
 // Q4_K (BITS 4) or Q6_K (BITS 6) under int8 on row-interleaved tiles (tiles_rows16.h): x rounded per 256
 // values in element order, with each group's integer sum (the minimums' term, Q6_K's offset of 32).
 template <int BITS>
@@ -141,19 +148,16 @@ class Rows16Reader final : public Reader {
         features(p, j, j + 1, r0, r1, y, ldy);
     }
 
-    // Each tile column of 16 features that [j0, j1) touches, writing only [j0, j1): a column's lanes are
-    // computed alike whoever asks for them.
     void features(const Part& p, int64_t j0, int64_t j1, int64_t r0, int64_t r1, float* y,
                   int64_t ldy) const override {
         const int64_t supers = k_ / 256, groups = k_ / G;
-        for (int64_t t = j0 / 16; t * 16 < j1; ++t) {
-            const int lo = (int)(std::max(j0, t * 16) - t * 16), hi = (int)(std::min(j1, t * 16 + 16) - t * 16);
+        tile_columns(j0, j1, [&](int64_t t, int lo, int hi) {
             const uint8_t* tile = p.tiles + t * supers * kBytes;
             balanced_tiles(r0, r1, [&](auto mt, int64_t r) {
                 rows16<BITS, decltype(mt)::value>(xq_.get() + r * k_, dx_.get() + r * supers, isums_.get() + r * groups,
                                                   k_, tile, y + r * ldy + t * 16, ldy, lo, hi);
             });
-        }
+        });
     }
 
    private:
@@ -163,10 +167,48 @@ class Rows16Reader final : public Reader {
     std::unique_ptr<int16_t[]> isums_;
 };
 
+// A draft's 4- or 3-bit codes per 64 values (q4_64, q3_64) under int8 on row-interleaved tiles
+// (tiles_rows16_g64.h): x rounded per 64 values, with each group's sum of the rounded values (the offsets' term).
+template <int BITS>
+class Rows64Reader final : public Reader {
+   public:
+    Rows64Reader(const float* x, int64_t rows, int64_t k)
+        : k_(k), xq_(buffer<int8_t>(rows * k)), dx_(buffer<float>(rows * (k / 64))), xs_(buffer<float>(rows * (k / 64))) {
+        quantize_rows<64>(x, rows, k, 64, xq_.get(), dx_.get(), xs_.get());
+    }
+
+    void feature(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const override {
+        features(p, j, j + 1, r0, r1, y, ldy);
+    }
+
+    void features(const Part& p, int64_t j0, int64_t j1, int64_t r0, int64_t r1, float* y,
+                  int64_t ldy) const override {
+        const int64_t groups = k_ / 64, bytes = kRows64Bytes[BITS];
+        tile_columns(j0, j1, [&](int64_t t, int lo, int hi) {
+            const uint8_t* tile = p.tiles + t * groups * bytes;
+            prefetch_lines(tile, 2 * bytes);  // the tiles ask for the group two past their own
+            balanced_tiles(r0, r1, [&](auto mt, int64_t r) {
+                rows16_g64<BITS, decltype(mt)::value>(xq_.get() + r * k_, dx_.get() + r * groups,
+                                                      xs_.get() + r * groups, k_, tile, y + r * ldy + t * 16, ldy,
+                                                      lo, hi);
+            });
+        });
+    }
+
+   private:
+    int64_t k_;
+    std::unique_ptr<int8_t[]> xq_;
+    std::unique_ptr<float[]> dx_, xs_;
+};
+
 // The reader a part needs, or null for a layout the integer paths do not take.
 inline std::unique_ptr<Reader> make_reader(const Part& p, const float* x, int64_t rows, int64_t k) {
     if (p.dense || (p.act != 8 && p.act != 16) || k % 32) return nullptr;
     if (p.tiles) {
+        if (p.act == 8 && p.group == 64 && k % 64 == 0) {
+            if (p.bits == 4) return std::unique_ptr<Reader>(new Rows64Reader<4>(x, rows, k));
+            return p.bits == 3 ? std::unique_ptr<Reader>(new Rows64Reader<3>(x, rows, k)) : nullptr;
+        }
         if (p.act != 8 || k % 256) return nullptr;
         if (p.bits == 4) return std::unique_ptr<Reader>(new Rows16Reader<4>(x, rows, k));
         return p.bits == 6 ? std::unique_ptr<Reader>(new Rows16Reader<6>(x, rows, k)) : nullptr;
@@ -181,8 +223,6 @@ inline std::unique_ptr<Reader> make_reader(const Part& p, const float* x, int64_
     if (p.act != 8 || k % p.group) return nullptr;
     if (p.group == 32 && p.bits == 4) return std::unique_ptr<Reader>(new A8Reader<4, 32>(x, rows, k, offsets));
     if (p.group == 32 && p.bits == 8) return std::unique_ptr<Reader>(new A8Reader<8, 32>(x, rows, k, offsets));
-    if (p.group == 64 && p.bits == 4) return std::unique_ptr<Reader>(new A8Reader<4, 64>(x, rows, k, offsets));
-    if (p.group == 64 && p.bits == 3) return std::unique_ptr<Reader>(new A8Reader<3, 64>(x, rows, k, offsets));
     return nullptr;
 }
 

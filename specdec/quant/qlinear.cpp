@@ -80,8 +80,8 @@ int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_
 // with sub ([n, k / G] int8) and dsup ([n, k / 256]), scale = dsup * sub per super-block of 256 values
 // (Q4_K: bits 4, group 32; Q6_K: bits 6, group 16) and x is quantized per 256 values instead.
 // With mins ([n, k / 32] uint8) and dmin ([n, k / 256]) under act 8, Q4_K's offsets are -dmin * mins per
-// super-block, summed in integers (offset is then not read). With tiles (act 8, Q4_K), the same weights
-// row-interleaved (tiles_rows16.h) are read instead.
+// super-block, summed in integers (offset is then not read). With tiles (act 8: Q4_K, Q6_K, q4_64, q3_64), the same
+// weights row-interleaved (tiles_rows16.h, tiles_rows16_g64.h) are read instead.
 // act 16: activations quantized to int16 per 256 values (precision int4-a16); needs sub and dsup.
 // act 0: float32 activations (precision int4, weight-only).
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes,
@@ -118,6 +118,43 @@ void pack_tiles16(int bits, const uint8_t* codes, const int8_t* sub, const uint8
                                         mins + j * (k / 32) + sb * 8, d[j * supers + sb], dmin[j * supers + sb], f, o);
                 else pack_q6k(codes + j * (k * 3 / 4) + sb * 192, sub + j * (k / 16) + sb * 16, d[j * supers + sb], f,
                               o);
+            }
+        }
+}
+
+// Feature f's group of 64 3-bit codes (pack3's 24 bytes: bit pairs, then a 64-bit word of third bits)
+// into its tile o.
+void pack_g64_3(const uint8_t* c, int f, uint8_t* o) {
+    uint64_t thirds;
+    memcpy(&thirds, c + 16, 8);
+    for (int v = 0; v < 64; ++v) {
+        const int low = (c[v % 16] >> (2 * (v / 16))) & 3, run = v / 4, at = 4 * f + v % 4;
+        o[kCodes64At + 64 * (run / 4) + at] |= (uint8_t)(low << (2 * (run % 4)));
+        o[kThirds64At + 64 * (run / 8) + at] |= (uint8_t)(((thirds >> v) & 1) << (run % 8));
+    }
+}
+
+// A draft's part requantized per 64 values (bits 4: codes [n, k / 2] as packed.py holds them, byte i of a
+// 32-value block holding values i and 16 + i; bits 3: [n, k * 3 / 8] in pack3's layout; scale and offset
+// [n, k / 64] float32, offset may be null) as row-interleaved tiles (tiles_rows16_g64.h).
+// out: ceil(n / 16) * (k / 64) tiles; the last tile's missing features are zero.
+void pack_tiles64(int bits, const uint8_t* codes, const float* scale, const float* offset, int64_t n, int64_t k,
+                  uint8_t* out) {
+    const int64_t groups = k / 64, tiles = (n + 15) / 16, bytes = kRows64Bytes[bits];
+#pragma omp parallel for
+    for (int64_t t = 0; t < tiles; ++t)
+        for (int64_t g = 0; g < groups; ++g) {
+            uint8_t* o = out + (t * groups + g) * bytes;
+            memset(o, 0, bytes);
+            for (int f = 0; f < 16 && t * 16 + f < n; ++f) {
+                const int64_t j = t * 16 + f;
+                memcpy(o + kScale64At + 4 * f, scale + j * groups + g, 4);
+                if (offset) memcpy(o + kOffset64At + 4 * f, offset + j * groups + g, 4);
+                const uint8_t* c = codes + j * (k * bits / 8) + g * 8 * bits;
+                if (bits == 3) pack_g64_3(c, f, o);
+                else
+                    for (int b = 0; b < 32; ++b)  // half b / 16, run b % 16 / 4, value b % 4: the block's byte as it is
+                        o[kCodes64At + 256 * (b / 16) + 64 * (b % 16 / 4) + 4 * f + b % 4] = c[b];
             }
         }
 }

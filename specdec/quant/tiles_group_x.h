@@ -1,10 +1,8 @@
 // Products with int8 activations (precision int4-a8) on per-group scales: a float scale and offset per G
-// values (32: the file's Q4_0, Q4_1, Q5_0, Q8_0; 64: a draft requantized to 4 or 3 bits at pack time).
+// values (the file's Q4_0, Q4_1, Q5_0, Q8_0: 32; a draft requantized per 64 reads tiles_rows16_g64.h).
 // x is rounded per G values too, so each group's dot product is one exact int32 sum per lane and one float
 // multiply-add; the float order is fixed. Built for AVX2 and again for AVX-512 VNNI with the same sums.
 #pragma once
-#include <string.h>
-
 #include "tiles_common.h"
 
 namespace {
@@ -18,28 +16,10 @@ inline __m256i codes4(const uint8_t* p) {  // 32 unsigned codes, element order
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
 }
 
-// Values 32s .. 32s + 31 of a group of 64 three-bit codes (`pack3` in packed.py: 16 bytes of bit pairs, byte i
-// holding values i, 16 + i, 32 + i, 48 + i from bit 0 up, then a 64-bit word of the third bits), element order.
-inline __m256i codes3(const uint8_t* p, int s) {
-    const __m256i pairs = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)p));
-    const __m256i shifts = _mm256_setr_epi64x(4 * s, 4 * s, 4 * s + 2, 4 * s + 2);
-    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi64(pairs, shifts), _mm256_set1_epi8(3));
-    int32_t third;
-    memcpy(&third, p + 16 + 4 * s, 4);
-    // byte j of the vector gets byte j / 8 of the word, then keeps bit j % 8
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(third),
-                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
-    const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(4));
-    return _mm256_or_si256(lo, hi);
-}
-
-// Codes of the 32 values of block b (BITS 3 or 4 unsigned, 8 signed).
+// Codes of the 32 values of block b (BITS 4 unsigned, 8 signed).
 template <int BITS>
 inline __m256i codes32(const uint8_t* c, int64_t b) {
     if constexpr (BITS == 4) return codes4(c + b * 16);
-    else if constexpr (BITS == 3) return codes3(c + b / 2 * 24, b % 2);
     else return load256(c + b * 32);
 }
 
@@ -173,47 +153,6 @@ inline void tile_a8_pairs(const int8_t* xq, const float* sx, int64_t k, const fl
             for (int p = 0; p < NP; ++p) {
                 __m512i d = _mm512_setzero_si512();
                 for (int b = 0; b < S; ++b) d = dot32_pair<BITS>(d, w[p][b], x[b]);
-                acc[p][r] = _mm512_fmadd_ps(_mm512_mul_ps(ws[p], vx), _mm512_cvtepi32_ps(d), acc[p][r]);
-            }
-        }
-    }
-    finish_pairs<MT, NP>(acc, groups, xsum, o, y, ldy);
-}
-// A group of 64 three-bit codes (`codes3`'s layout) in one vector, element order: the bit pairs by shifts
-// of one broadcast load, the third bits as a byte mask loaded whole.
-inline __m512i codes3_64(const uint8_t* p) {
-    const __m512i pairs = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)p));
-    const __m512i lo = _mm512_and_si512(_mm512_srlv_epi64(pairs, _mm512_setr_epi64(0, 0, 2, 2, 4, 4, 6, 6)),
-                                        _mm512_set1_epi8(3));
-    return _mm512_mask_add_epi8(lo, _load_mask64((__mmask64*)(p + 16)), lo, _mm512_set1_epi8(4));
-}
-
-// 2 * NP consecutive 3-bit features in groups of 64 for MT rows, tile_a8's arithmetic: a feature's group
-// in one vector (lanes 0-7 its first 32 values, 8-15 the next), whose products' halves are added (the
-// int32 lanes tile_a8 adds) with the other feature's of the pair beside them, so that one instruction
-// does both features' float work, as in tile_a8_pairs. Decoding a group whole takes half the instructions.
-template <int MT, int NP>
-inline void tile_a8_wide3(const int8_t* xq, const float* sx, int64_t k, const float* xsum, const uint8_t* c,
-                          int64_t bytes, const float* s, const float* o, float* y, int64_t ldy) {
-    constexpr int SPAN = 2 * NP * 24;  // a group's codes in the tile, all features
-    const int64_t groups = k / 64;
-    __m512 acc[NP][MT];
-    for (int p = 0; p < NP; ++p)
-        for (int r = 0; r < MT; ++r) acc[p][r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g) {
-        prefetch_next<NP>(c + 2 * NP * bytes, g, SPAN, s, o, groups);
-        __m512i w[2 * NP];
-        __m512 ws[NP];
-        for (int f = 0; f < 2 * NP; ++f) w[f] = codes3_64(c + f * bytes + g * 24);
-        for (int p = 0; p < NP; ++p)
-            ws[p] = pair_scale(s, groups, p, g);
-        for (int r = 0; r < MT; ++r) {
-            const __m512i x = _mm512_loadu_si512(xq + r * k + g * 64);
-            const __m512 vx = _mm512_set1_ps(sx[r * groups + g]);
-            for (int p = 0; p < NP; ++p) {
-                const __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[2 * p], x);
-                const __m512i b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[2 * p + 1], x);
-                const __m512i d = _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xEE));
                 acc[p][r] = _mm512_fmadd_ps(_mm512_mul_ps(ws[p], vx), _mm512_cvtepi32_ps(d), acc[p][r]);
             }
         }
