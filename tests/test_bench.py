@@ -170,6 +170,34 @@ def test_steps_bench_times_rows_per_model_and_precision(tmp_path, monkeypatch, c
     assert "no shapes for" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
 
 
+def test_a_draft_only_setting_times_the_target_it_is_priced_against(tmp_path, monkeypatch):
+    """Asked for a draft's own setting alone (a requantized or sub-vocabulary draft), the bench times the
+    target at that setting's mode as well, so the draft's c has its denominator."""
+    from specdec.bench import steps
+
+    class Fake:
+        work = None
+
+        def __init__(self, name: str, precision: str) -> None:
+            self.ms = 2.0 if name == "target" else 1.0 if precision == "int4-a8" else 0.5
+
+        def seconds(self, n: int) -> float:
+            return self.ms * n / 1e3
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(steps, "_setting", lambda name, precision, *a: Fake(name, precision))
+    monkeypatch.setattr(steps, "_kernel_available", lambda: False)
+    monkeypatch.setattr(steps, "SHAPES", {"draft": None, "target": None})
+    report = steps.run(["draft", "target"], ["int4-a8:q4_64:vocab=64"], "cpu", [1, 2], 16, 1,
+                       str(tmp_path / "s.json"), None)
+    assert {(r["model"], r["precision"]) for r in report["results"]} == {
+        ("draft", "int4-a8:q4_64:vocab=64"), ("draft", "int4-a8"), ("target", "int4-a8")}
+    priced = report["draft_cost_ratio"]["int4-a8:q4_64:vocab=64"]
+    assert priced["target_precision"] == "int4-a8" and priced["c"] == pytest.approx(0.25)
+
+
 def test_steps_bench_states_integer_modes_against_the_machines_peaks(tmp_path, monkeypatch, tiny_qwen):
     """An integer mode on a real (tiny) GGUF: the read bandwidth and the int8 peak are measured, and
     every forward gets its bound (the larger of the weights' read time and its multiply-adds' time)."""

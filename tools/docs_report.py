@@ -39,16 +39,28 @@ MACHINES = {
     "h200": ("H200", "NVIDIA H200 GPU (torch 2.11, CUDA 13)"),
     "xeon": ("Xeon", "Intel Xeon (Sapphire Rapids: AVX-512, VNNI; AMX not exposed), 2 vCPU"),
     "xeon-amx": ("Xeon", "Intel Xeon (Sapphire Rapids: AVX-512, VNNI; AMX exposed, unused by specdec), 2 vCPU"),
+    "xeon-emr": ("Xeon EMR", "Intel Xeon (Emerald Rapids, family 6 model 207: AVX-512, VNNI; AMX not exposed), 2 vCPU"),
 }
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-steps-draft-tiles-xeon-emr": ("2026-12-06", "xeon-emr", "the three prices on an Emerald Rapids Xeon "
+                                         "with the draft's matrices as row-interleaved tiles of one group of 64 "
+                                         "(4 and 3 bits), the target's K-quant tiles, beside llama.cpp, 1 to 256 "
+                                         "rows"),
+    "bench-step-overhead-draft-tiles-xeon-emr": ("2026-12-06", "xeon-emr", "the step outside the forwards on an "
+                                                 "Emerald Rapids Xeon, plain and with the draft model at k = 4, "
+                                                 "the draft's matrices as row-interleaved tiles"),
+    "bench-draft-tiles64-xeon-emr": ("2026-12-06", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon "
+                                     "with the draft's row-interleaved tiles: plain, the draft model at 4 and 3 "
+                                     "bits per 64 values under the cost model, the hybrid, llama.cpp and "
+                                     "OpenVINO GenAI's speculation"),
     "bench-steps-tiles16-xeon-amx": ("2026-12-06", "xeon-amx", "the three prices on a Xeon with the target's "
                                      "K-quants read as row-interleaved tiles of 16 features, the draft at 4 and "
                                      "3 bits per 64 values, beside llama.cpp, 1 to 256 rows"),
     "kld-tiles16-xeon-amx": ("2026-12-06", "xeon-amx", "int4-a8 on row-interleaved tiles (one float "
                              "operation per super-block and feature) against float32, llama.cpp the anchor"),
-    "bench-draft-tiles16-xeon-amx": ("2026-12-06", "xeon-amx", "issue 42's bench on a Xeon with the "
+    "bench-draft-tiles16-xeon-amx": ("2026-12-06", "xeon-amx", "the speculation bench on a Xeon with the "
                                      "row-interleaved tiles: plain, the draft model at 4 and 3 bits per 64 "
                                      "values under the cost model, the hybrid, llama.cpp and OpenVINO GenAI's "
                                      "speculation"),
@@ -57,7 +69,7 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "bench-steps-prices-q64-xeon-amx": ("2026-12-06", "xeon-amx", "the three prices on a Xeon with the draft "
                                         "requantized per 64 values (4 and 3 bits) beside its 4-bit per-32 form, "
                                         "the target and llama.cpp"),
-    "bench-draft-q64-xeon-amx": ("2026-12-06", "xeon-amx", "issue 42's bench on a Xeon: the draft requantized "
+    "bench-draft-q64-xeon-amx": ("2026-12-06", "xeon-amx", "the speculation bench on a Xeon: the draft requantized "
                                  "to 4 bits per 64 values (the new default), per 32, and to 3 bits per 64, under "
                                  "the cost model, the hybrid, llama.cpp and OpenVINO GenAI's speculation"),
     "bench-steps-prices-pairs-xeon-amx": ("2026-12-05", "xeon-amx", "the three prices on a Xeon after the per-32 "
@@ -65,10 +77,10 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                                           "and as it runs by default, the target, beside llama.cpp"),
     "bench-step-overhead-xeon-amx": ("2026-12-05", "xeon-amx", "the step outside the forwards on a Xeon, plain "
                                      "and with the draft model at k = 4, after the cheaper draft step"),
-    "bench-draft-pairs-xeon-amx": ("2026-12-05", "xeon-amx", "issue 42's bench on a Xeon after the cheaper draft "
+    "bench-draft-pairs-xeon-amx": ("2026-12-05", "xeon-amx", "the speculation bench on a Xeon after the cheaper draft "
                                    "step and the cost model's fixes: plain, the draft model under the cost model "
                                    "and at k = 4, the hybrid, llama.cpp and OpenVINO GenAI's speculation"),
-    "bench-draft-huge-xeon-amx": ("2026-12-05", "xeon-amx", "issue 42's bench on a Xeon with the weights in huge "
+    "bench-draft-huge-xeon-amx": ("2026-12-05", "xeon-amx", "the speculation bench on a Xeon with the weights in huge "
                                   "pages: plain, the draft model, the hybrid, llama.cpp and OpenVINO GenAI's speculation"),
     "bench-steps-prices-xeon-amx": ("2026-12-05", "xeon-amx", "the three prices on a Xeon: the draft as the file "
                                     "holds it and as it runs by default, the target, beside llama.cpp, 1 to 256 rows"),
@@ -76,13 +88,13 @@ SOURCES: dict[str, tuple[str, str, str]] = {
                                         "holds it, requantized to 4 bits, with a 32k-token output layer, and both"),
     "bench-draft-variants-zen3": ("2026-12-05", "zen3", "the draft model at k = 4 on every shipped set: the new "
                                   "default, the file's draft, 4 bits only, the sub-vocabulary only"),
-    "bench-draft-cheap-zen3": ("2026-12-05", "zen3", "issue 42's bench with the cheaper default draft beside the "
+    "bench-draft-cheap-zen3": ("2026-12-05", "zen3", "the speculation bench with the cheaper default draft beside the "
                                "file's draft, the hybrid, llama.cpp and OpenVINO GenAI's speculation, 192 tokens"),
     "bench-peers-zen3": ("2026-12-05", "zen3", "int4-a8 (auto) beside llama.cpp and OpenVINO GenAI, their "
                          "speculation included, on three sets"),
     "bench-code-edit-zen3": ("2026-12-05", "zen3", "code edits of 256 tokens: suffix and n-gram beside llama.cpp's and "
                              "OpenVINO GenAI's prompt lookup"),
-    "bench-draft-192-zen3": ("2026-12-05", "zen3", "issue 42's bench: plain, the draft model under the cost "
+    "bench-draft-192-zen3": ("2026-12-05", "zen3", "the speculation bench: plain, the draft model under the cost "
                              "model and the hybrid beside llama.cpp and OpenVINO GenAI's speculation, 192 tokens"),
     "bench-steps-rows-zen3": ("2026-12-05", "zen3", "after the row-block, Q6_K and minimums changes: the "
                               "draft's and the target's forwards by new rows beside llama.cpp's, against the "

@@ -259,6 +259,8 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
     settings = {}
     with_bounds = dev.type == "cpu" and any(_int_mode(p) for p in precisions) and _kernel_available()
     peaks = measure_peaks(torch.get_num_threads()) if with_bounds else None
+    if len(models) > 1:  # a draft-only setting is priced against the target's own, timed too
+        precisions = list(dict.fromkeys(precisions + [_target_setting(p) for p in precisions if _draft_only(p)]))
     timed = [(precision, name) for precision in precisions for name in models
              if name == models[0] or len(models) == 1 or not _draft_only(precision)]
     try:
