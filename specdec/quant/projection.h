@@ -122,6 +122,13 @@ class SuperReader final : public Reader {
     std::unique_ptr<float[]> dx_, sums_;
 };
 
+// A reader of row-interleaved tiles, whose unit is a column of 16 features: a feature is a run of one.
+struct ColumnReader : Reader {
+    void feature(const Part& part, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const override {
+        features(part, j, j + 1, r0, r1, y, ldy);
+    }
+};
+
 // fn(t, lo, hi) for each tile column t of 16 features that [j0, j1) touches, lanes [lo, hi) of it in
 // [j0, j1): a column's lanes are computed alike whoever asks for them, and only those asked are written.
 template <class Fn>
@@ -133,7 +140,7 @@ inline void tile_columns(int64_t j0, int64_t j1, Fn fn) {
 // Q4_K (BITS 4) or Q6_K (BITS 6) under int8 on row-interleaved tiles (tiles_rows16.h): x rounded per 256
 // values in element order, with each group's integer sum (the minimums' term, Q6_K's offset of 32).
 template <int BITS>
-class Rows16Reader final : public Reader {
+class Rows16Reader final : public ColumnReader {
     static constexpr int G = BITS == 4 ? 32 : 16;
     static constexpr int64_t kBytes = BITS == 4 ? kRows16Bytes : kRows16Bytes6;
 
@@ -142,10 +149,6 @@ class Rows16Reader final : public Reader {
         : k_(k), xq_(buffer<int8_t>(rows * k)), dx_(buffer<float>(rows * (k / 256))),
           isums_(buffer<int16_t>(rows * (k / G))) {
         quantize_rows<G>(x, rows, k, 256, xq_.get(), dx_.get(), nullptr, isums_.get());
-    }
-
-    void feature(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const override {
-        features(p, j, j + 1, r0, r1, y, ldy);
     }
 
     void features(const Part& p, int64_t j0, int64_t j1, int64_t r0, int64_t r1, float* y,
@@ -170,15 +173,11 @@ class Rows16Reader final : public Reader {
 // A draft's 4- or 3-bit codes per 64 values (q4_64, q3_64) under int8 on row-interleaved tiles
 // (tiles_rows16_g64.h): x rounded per 64 values, with each group's sum of the rounded values (the offsets' term).
 template <int BITS>
-class Rows64Reader final : public Reader {
+class Rows64Reader final : public ColumnReader {
    public:
     Rows64Reader(const float* x, int64_t rows, int64_t k)
         : k_(k), xq_(buffer<int8_t>(rows * k)), dx_(buffer<float>(rows * (k / 64))), xs_(buffer<float>(rows * (k / 64))) {
         quantize_rows<64>(x, rows, k, 64, xq_.get(), dx_.get(), xs_.get());
-    }
-
-    void feature(const Part& p, int64_t j, int64_t r0, int64_t r1, float* y, int64_t ldy) const override {
-        features(p, j, j + 1, r0, r1, y, ldy);
     }
 
     void features(const Part& p, int64_t j0, int64_t j1, int64_t r0, int64_t r1, float* y,

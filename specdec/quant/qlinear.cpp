@@ -48,6 +48,32 @@ void pack_q6k(const uint8_t* codes, const int8_t* sub, float d, int f, uint8_t* 
     }
 }
 
+// Feature f's group of 64 3-bit codes (pack3's 24 bytes: bit pairs, then a 64-bit word of third bits)
+// into its tile o.
+void pack_g64_3(const uint8_t* c, int f, uint8_t* o) {
+    uint64_t thirds;
+    memcpy(&thirds, c + 16, 8);
+    for (int v = 0; v < 64; ++v) {
+        const int low = (c[v % 16] >> (2 * (v / 16))) & 3, run = v / 4, at = 4 * f + v % 4;
+        o[kCodes64At + 64 * (run / 4) + at] |= (uint8_t)(low << (2 * (run % 4)));
+        o[kThirds64At + 64 * (run / 8) + at] |= (uint8_t)(((thirds >> v) & 1) << (run % 8));
+    }
+}
+
+// fill(o, j, s, f) for feature j, lane f of each tile slot s (a super-block or a group; `slots` a feature) of
+// n features: the slot's tile o of `bytes`, zeroed first, so that a last tile's missing features stay zero.
+template <class Fill>
+void each_tile_slot(int64_t n, int64_t slots, int64_t bytes, uint8_t* out, Fill fill) {
+    const int64_t tiles = (n + 15) / 16;
+#pragma omp parallel for
+    for (int64_t t = 0; t < tiles; ++t)
+        for (int64_t s = 0; s < slots; ++s) {
+            uint8_t* o = out + (t * slots + s) * bytes;
+            memset(o, 0, bytes);
+            for (int f = 0; f < 16 && t * 16 + f < n; ++f) fill(o, t * 16 + f, s, f);
+        }
+}
+
 }  // namespace
 
 extern "C" {
@@ -106,32 +132,12 @@ int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const 
 // out: ceil(n / 16) * (k / 256) tiles; the last tile's missing features are zero.
 void pack_tiles16(int bits, const uint8_t* codes, const int8_t* sub, const uint8_t* mins, const float* d,
                   const float* dmin, int64_t n, int64_t k, uint8_t* out) {
-    const int64_t supers = k / 256, tiles = (n + 15) / 16, bytes = bits == 4 ? kRows16Bytes : kRows16Bytes6;
-#pragma omp parallel for
-    for (int64_t t = 0; t < tiles; ++t)
-        for (int64_t sb = 0; sb < supers; ++sb) {
-            uint8_t* o = out + (t * supers + sb) * bytes;
-            memset(o, 0, bytes);
-            for (int f = 0; f < 16 && t * 16 + f < n; ++f) {
-                const int64_t j = t * 16 + f;
-                if (bits == 4) pack_q4k(codes + j * (k / 2) + sb * 128, sub + j * (k / 32) + sb * 8,
-                                        mins + j * (k / 32) + sb * 8, d[j * supers + sb], dmin[j * supers + sb], f, o);
-                else pack_q6k(codes + j * (k * 3 / 4) + sb * 192, sub + j * (k / 16) + sb * 16, d[j * supers + sb], f,
-                              o);
-            }
-        }
-}
-
-// Feature f's group of 64 3-bit codes (pack3's 24 bytes: bit pairs, then a 64-bit word of third bits)
-// into its tile o.
-void pack_g64_3(const uint8_t* c, int f, uint8_t* o) {
-    uint64_t thirds;
-    memcpy(&thirds, c + 16, 8);
-    for (int v = 0; v < 64; ++v) {
-        const int low = (c[v % 16] >> (2 * (v / 16))) & 3, run = v / 4, at = 4 * f + v % 4;
-        o[kCodes64At + 64 * (run / 4) + at] |= (uint8_t)(low << (2 * (run % 4)));
-        o[kThirds64At + 64 * (run / 8) + at] |= (uint8_t)(((thirds >> v) & 1) << (run % 8));
-    }
+    const int64_t supers = k / 256;
+    each_tile_slot(n, supers, bits == 4 ? kRows16Bytes : kRows16Bytes6, out, [&](uint8_t* o, int64_t j, int64_t sb, int f) {
+        if (bits == 4) pack_q4k(codes + j * (k / 2) + sb * 128, sub + j * (k / 32) + sb * 8, mins + j * (k / 32) + sb * 8,
+                                d[j * supers + sb], dmin[j * supers + sb], f, o);
+        else pack_q6k(codes + j * (k * 3 / 4) + sb * 192, sub + j * (k / 16) + sb * 16, d[j * supers + sb], f, o);
+    });
 }
 
 // A draft's part requantized per 64 values (bits 4: codes [n, k / 2] as packed.py holds them, byte i of a
@@ -140,23 +146,16 @@ void pack_g64_3(const uint8_t* c, int f, uint8_t* o) {
 // out: ceil(n / 16) * (k / 64) tiles; the last tile's missing features are zero.
 void pack_tiles64(int bits, const uint8_t* codes, const float* scale, const float* offset, int64_t n, int64_t k,
                   uint8_t* out) {
-    const int64_t groups = k / 64, tiles = (n + 15) / 16, bytes = kRows64Bytes[bits];
-#pragma omp parallel for
-    for (int64_t t = 0; t < tiles; ++t)
-        for (int64_t g = 0; g < groups; ++g) {
-            uint8_t* o = out + (t * groups + g) * bytes;
-            memset(o, 0, bytes);
-            for (int f = 0; f < 16 && t * 16 + f < n; ++f) {
-                const int64_t j = t * 16 + f;
-                memcpy(o + kScale64At + 4 * f, scale + j * groups + g, 4);
-                if (offset) memcpy(o + kOffset64At + 4 * f, offset + j * groups + g, 4);
-                const uint8_t* c = codes + j * (k * bits / 8) + g * 8 * bits;
-                if (bits == 3) pack_g64_3(c, f, o);
-                else
-                    for (int b = 0; b < 32; ++b)  // half b / 16, run b % 16 / 4, value b % 4: the block's byte as it is
-                        o[kCodes64At + 256 * (b / 16) + 64 * (b % 16 / 4) + 4 * f + b % 4] = c[b];
-            }
-        }
+    const int64_t groups = k / 64;
+    each_tile_slot(n, groups, kRows64Bytes[bits], out, [&](uint8_t* o, int64_t j, int64_t g, int f) {
+        memcpy(o + kScale64At + 4 * f, scale + j * groups + g, 4);
+        if (offset) memcpy(o + kOffset64At + 4 * f, offset + j * groups + g, 4);
+        const uint8_t* c = codes + j * (k * bits / 8) + g * 8 * bits;
+        if (bits == 3) pack_g64_3(c, f, o);
+        else
+            for (int b = 0; b < 32; ++b)  // half b / 16, run b % 16 / 4, value b % 4: the block's byte as it is
+                o[kCodes64At + 256 * (b / 16) + 64 * (b % 16 / 4) + 4 * f + b % 4] = c[b];
+    });
 }
 
 // Every part of a fused projection (q|k|v, gate|up) in one call, parts side by side in y's columns
