@@ -156,6 +156,7 @@ class Rows16Reader final : public ColumnReader {
         const int64_t supers = k_ / 256, groups = k_ / G;
         tile_columns(j0, j1, [&](int64_t t, int lo, int hi) {
             const uint8_t* tile = p.tiles + t * supers * kBytes;
+            prefetch_lines(tile, kBytes);  // the tiles ask for the super-block after their own
             balanced_tiles(r0, r1, [&](auto mt, int64_t r) {
                 rows16<BITS, decltype(mt)::value>(xq_.get() + r * k_, dx_.get() + r * supers, isums_.get() + r * groups,
                                                   k_, tile, y + r * ldy + t * 16, ldy, lo, hi);
@@ -185,7 +186,7 @@ class Rows64Reader final : public ColumnReader {
         const int64_t groups = k_ / 64, bytes = kRows64Bytes[BITS];
         tile_columns(j0, j1, [&](int64_t t, int lo, int hi) {
             const uint8_t* tile = p.tiles + t * groups * bytes;
-            prefetch_lines(tile, 2 * bytes);  // the tiles ask for the group two past their own
+            prefetch_lines(tile, 6 * bytes);  // the tiles ask for the group six past their own
             balanced_tiles(r0, r1, [&](auto mt, int64_t r) {
                 rows16_g64<BITS, decltype(mt)::value>(xq_.get() + r * k_, dx_.get() + r * groups,
                                                       xs_.get() + r * groups, k_, tile, y + r * ldy + t * 16, ldy,
