@@ -62,7 +62,7 @@ def test_the_arena_starts_on_a_huge_page_and_is_advised(monkeypatch):
             return super().madvise(option, *args)
 
     monkeypatch.setattr(huge_pages.mmap, "mmap", Spy)
-    arena = huge_pages._arena(3 * 4096)
+    arena = huge_pages.arena(3 * 4096)
     assert arena.data_ptr() % huge_pages.HUGE_PAGE == 0 and arena.numel() == 3 * 4096
     assert advised == [mmap.MADV_HUGEPAGE]
 

@@ -2,8 +2,8 @@
 
 A plain decode step reads every weight its forward uses once, so no engine decodes faster than
 read bandwidth / bytes read per token (speculation can pass it: one read scores k+1 tokens). The
-bandwidth is measured, not looked up: the best of a few `sum()` passes over a large float32
-tensor, a pure read stream whose arithmetic is far below memory speed. KV-cache reads are left
+bandwidth is measured, not looked up: the best of a few read passes over a large buffer, a pure read
+stream with its lines asked for ahead as the kernels ask for theirs. KV-cache reads are left
 out (a few MB at bench lengths, against a GB of weights).
 """
 from __future__ import annotations
@@ -19,22 +19,32 @@ DEFAULT_BYTES = 512 * 2**20  # far above any last-level cache here, so the passe
 
 
 def measure_read_bandwidth(num_bytes: int = DEFAULT_BYTES, passes: int = 5, num_threads: int | None = None) -> float:
-    """Read bandwidth in GB/s (1e9 bytes): the fastest of `passes` timed sums over `num_bytes` of
-    float32 (one untimed pass first touches the pages). `num_threads`: as the decode arms use."""
-    x = torch.ones(num_bytes // 4)
+    """Read bandwidth in GB/s (1e9 bytes): the fastest of `passes` timed reads of `num_bytes` (one
+    untimed pass first touches the pages), in huge pages where the weights are. `num_threads`: as the decode arms use. The reads are the
+    kernels' own stream (`kernel.read_pass_seconds`: lines asked for ahead, as the weight tiles do),
+    or `sum()` where the kernels do not build: a bound the kernels' streams can reach, not pass."""
+    from specdec.models import huge_pages
+    from specdec.quant import kernel
+    # in huge pages where the weights are (models/huge_pages.py): their stream walks as few page tables
+    x = (huge_pages.arena(num_bytes) if huge_pages.available() else torch.empty(num_bytes, dtype=torch.uint8))
+    x = x.view(torch.float32).fill_(1.0)
     threads = torch.get_num_threads()
     if num_threads:
         torch.set_num_threads(num_threads)
+    read = ((lambda: kernel.read_pass_seconds(x, torch.get_num_threads())) if kernel.available()
+            else (lambda: _timed(x.sum)))
     try:
-        x.sum()
-        best = float("inf")
-        for _ in range(passes):
-            t = time.perf_counter()
-            x.sum()
-            best = min(best, time.perf_counter() - t)
+        read()
+        best = min(read() for _ in range(passes))
     finally:
         torch.set_num_threads(threads)
     return x.numel() * 4 / best / 1e9
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def _nbytes(w) -> int:

@@ -43,7 +43,7 @@ def _tensors(weights: dict[str, object]) -> list[torch.Tensor]:
     return found
 
 
-def _arena(nbytes: int) -> torch.Tensor:
+def arena(nbytes: int) -> torch.Tensor:
     """nbytes of anonymous memory advised MADV_HUGEPAGE, starting on a huge-page boundary, as uint8. The
     tensors viewing it keep the mapping alive."""
     region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -61,12 +61,12 @@ def into_huge_pages(weights: dict[str, object]) -> dict[str, object]:
         return weights
     unique = {t.data_ptr(): t for t in tensors}
     sizes = {p: -(-t.numel() * t.element_size() // ALIGN) * ALIGN for p, t in unique.items()}
-    arena = _arena(sum(sizes.values()))
+    arena_ = arena(sum(sizes.values()))
     moved: dict[int, torch.Tensor] = {}
     offset = 0
     for p, t in unique.items():
         n = t.numel() * t.element_size()
-        moved[p] = arena[offset:offset + n].view(t.dtype).view(t.shape).copy_(t)
+        moved[p] = arena_[offset:offset + n].view(t.dtype).view(t.shape).copy_(t)
         offset += sizes[p]
     move: Callable[[torch.Tensor], torch.Tensor] = lambda t: moved.get(t.data_ptr(), t)  # noqa: E731
     return {name: w.map_tensors(move) if isinstance(w, QuantLinear) else move(w) if isinstance(w, torch.Tensor)

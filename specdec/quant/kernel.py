@@ -69,6 +69,7 @@ SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
     "qlinear_parts": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("parts", ctypes.POINTER(Part)),
                              ("num_parts", _i64), ("y", _ptr), ("ldy", _i64), ("threads", _int)]),
     "int8_peak": (ctypes.c_double, [("threads", _int), ("seconds", ctypes.c_double)]),
+    "read_pass_seconds": (ctypes.c_double, [("p", _ptr), ("bytes", _i64), ("threads", _int)]),
     "pack_tiles16": (None, [("bits", _int), ("codes", _ptr), ("sub", _ptr), ("mins", _ptr), ("d", _ptr),
                             ("dmin", _ptr), ("n", _i64), ("k", _i64), ("out", _ptr)]),
     "pack_tiles64": (None, [("bits", _int), ("codes", _ptr), ("scale", _ptr), ("offset", _ptr), ("n", _i64), ("k", _i64),
@@ -235,6 +236,12 @@ def int8_peak(threads: int, seconds: float = 0.2, runs: int = 3) -> float:
     """This core's int8 multiply-add rate on `threads` threads, in multiply-adds a second, with the
     instructions the integer paths use now (`isa`): the best of `runs` runs of about `seconds`."""
     return max(_lib().int8_peak(threads, seconds) for _ in range(runs))
+
+
+def read_pass_seconds(x: torch.Tensor, threads: int) -> float:
+    """Seconds for one read of x's bytes on `threads` threads, the lines asked for ahead (peak.h)."""
+    assert x.is_contiguous() and x.device.type == "cpu"
+    return _lib().read_pass_seconds(x.data_ptr(), x.numel() * x.element_size(), threads)
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:

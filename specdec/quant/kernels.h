@@ -78,6 +78,7 @@ int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_
 int qlinear_parts(const float* x, int64_t rows, int64_t k, const Part* parts, int64_t num_parts, float* y,
                   int64_t ldy, int threads);
 double int8_peak(int threads, double seconds);
+double read_pass_seconds(const void* p, int64_t bytes, int threads);
 void pack_tiles16(int bits, const uint8_t* codes, const int8_t* sub, const uint8_t* mins, const float* d,
                   const float* dmin, int64_t n, int64_t k, uint8_t* out);
 void pack_tiles64(int bits, const uint8_t* codes, const float* scale, const float* offset, int64_t n, int64_t k, uint8_t* out);

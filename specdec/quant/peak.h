@@ -1,3 +1,5 @@
+// This machine's two peaks, the bounds `bench steps` states each forward against.
+//
 // The int8 multiply-add peak of this core: independent chains of the dot-product idiom the integer
 // kernels use, with nothing else in the loop (no loads, no scales), so the rate is the instructions'
 // own. AVX2 (qlinear.cpp's build): u8 x s8 pairs summed to int16 (vpmaddubsw) twice, the two added
@@ -81,6 +83,34 @@ inline double int8_peak_rate(int threads, double seconds) {
         stop = omp_get_wtime();
     }
     return (double)total / (stop - start);
+}
+
+// Seconds for one read of [p, p + bytes) on `threads` threads, each its own contiguous share, asking
+// for the lines 8 KB ahead into L2: a read stream with nothing to compute,
+// the bandwidth the kernels' streams can reach (a library's sum reached 0.65-0.85x it on a Xeon VM).
+inline double read_pass(const uint8_t* p, int64_t bytes, int threads) {
+    double start = 0, stop = 0;
+    int sink = 0;
+#pragma omp parallel num_threads(threads) reduction(| : sink)
+    {
+        const int64_t share = bytes / omp_get_num_threads() / 256 * 256, b0 = omp_get_thread_num() * share;
+        __m256i a[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                        _mm256_setzero_si256()};
+#pragma omp barrier
+#pragma omp master
+        start = omp_get_wtime();
+        for (const uint8_t* q = p + b0; q < p + b0 + share; q += 256) {
+            for (int l = 0; l < 4; ++l) _mm_prefetch((const char*)q + 8192 + 64 * l, _MM_HINT_T1);
+            for (int v = 0; v < 8; ++v) a[v % 4] = _mm256_or_si256(a[v % 4], _mm256_loadu_si256((const __m256i*)q + v));
+        }
+        sink |= _mm256_movemask_epi8(_mm256_or_si256(_mm256_or_si256(a[0], a[1]), _mm256_or_si256(a[2], a[3])));
+#pragma omp barrier
+#pragma omp master
+        stop = omp_get_wtime();
+    }
+    volatile int keep = sink;  // the loads must happen
+    (void)keep;
+    return stop - start;
 }
 
 // The same loop built with AVX-512 VNNI (qlinear_vnni.cpp); qlinear.cpp's int8_peak calls it where the

@@ -90,6 +90,11 @@ double int8_peak(int threads, double seconds) {
     return isa() == KERNEL_ISA_VNNI ? int8_peak_vnni(threads, seconds) : int8_peak_rate(threads, seconds);
 }
 
+// Seconds for one read of `bytes` bytes at p on `threads` threads (peak.h): the read bandwidth's pass.
+double read_pass_seconds(const void* p, int64_t bytes, int threads) {
+    return read_pass((const uint8_t*)p, bytes, threads);
+}
+
 // x: [rows, k], w: [n, k], both float32 contiguous; y: rows of stride ldy, columns [0, n) written.
 // Returns 0, or -1 when k is not a multiple of 8.
 int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y, int64_t ldy,

@@ -161,4 +161,10 @@ inline void prefetch_lines(const void* p, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char*)p + b, _MM_HINT_T0);
 }
 
+// Each line of [p, p + bytes) into the L2 cache: a stream's lines asked for further ahead than L1's
+// fill buffers could hold (cpu-kernels.md).
+inline void prefetch_l2(const void* p, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char*)p + b, _MM_HINT_T1);
+}
+
 }  // namespace

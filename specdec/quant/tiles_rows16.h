@@ -55,7 +55,8 @@ inline void rows16_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int
     __m512 acc[MT];
     for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes) {
-        prefetch_lines(t + kRows16Bytes, kRows16Bytes);  // the next super-block's lines, all at once
+        prefetch_lines(t + kRows16Bytes, kRows16Bytes);  // the next super-block into L1,
+        prefetch_l2(t + 3 * kRows16Bytes, kRows16Bytes);  // the one three ahead into L2
         const __m512 d = _mm512_cvtph_ps(load256(t + kDAt)), dm = _mm512_cvtph_ps(load256(t + kDminAt));
         __m512i mp[4];
         for (int p = 0; p < 4; ++p) mp[p] = _mm512_cvtepu8_epi16(load256(t + kMinsAt + 32 * p));
@@ -119,6 +120,7 @@ inline void rows16_q6k(const int8_t* xq, const float* dx, const int16_t* xs, int
     for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes6) {
         prefetch_lines(t + kRows16Bytes6, kRows16Bytes6);
+        prefetch_l2(t + 3 * kRows16Bytes6, kRows16Bytes6);
         __m512i sp[8], s[MT];
         for (int p = 0; p < 8; ++p) sp[p] = _mm512_cvtepi8_epi16(load256(t + 32 * p));
         for (int r = 0; r < MT; ++r) {  // S starts at -32 * sum_g sub[g] * (sum of xq_g)
@@ -184,6 +186,7 @@ inline void rows16_q4k_half(const int8_t* xq, const float* dx, const int16_t* xs
     for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes) {
         prefetch_lines(t + kRows16Bytes, kRows16Bytes);
+        prefetch_l2(t + 3 * kRows16Bytes, kRows16Bytes);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(t + kDAt + 16 * h)));
         const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(t + kDminAt + 16 * h)));
         __m256i mp[4];
@@ -247,6 +250,7 @@ inline void rows16_q6k_half(const int8_t* xq, const float* dx, const int16_t* xs
     for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes6) {
         prefetch_lines(t + kRows16Bytes6, kRows16Bytes6);
+        prefetch_l2(t + 3 * kRows16Bytes6, kRows16Bytes6);
         __m256i s[MT];
         for (int r = 0; r < MT; ++r) {  // S starts at -32 * sum_g sub[g] * (sum of xq_g)
             const int16_t* x = xs + r * groups + sb * 16;

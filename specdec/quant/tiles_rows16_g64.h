@@ -76,7 +76,8 @@ inline void rows16_g64(const int8_t* xq, const float* dx, const float* xs, int64
     __m512 acc[MT];
     for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g, t += bytes) {
-        prefetch_lines(t + 6 * bytes, bytes);  // 3-4 KB ahead: a group is short
+        prefetch_lines(t + 6 * bytes, bytes);  // 3-4 KB ahead into L1 (a group is short),
+        prefetch_l2(t + 10 * bytes, bytes);    // 5-6 KB into L2
         __m512i s[MT];
         for (int r = 0; r < MT; ++r) s[r] = zero;
         for (int half = 0; half < 2; ++half) {
@@ -116,6 +117,7 @@ inline void rows16_g64_half(const int8_t* xq, const float* dx, const float* xs, 
     for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g, t += bytes) {
         prefetch_lines(t + 6 * bytes, bytes);
+        prefetch_l2(t + 10 * bytes, bytes);
         __m256i s[MT];
         for (int r = 0; r < MT; ++r) s[r] = _mm256_setzero_si256();
         for (int half = 0; half < 2; ++half) {
