@@ -410,6 +410,62 @@ def test_a_subvocab_draft_also_scores_each_requests_own_tokens(tiny_qwen, tiny_l
     assert "a" not in vocab._requests
 
 
+@pytest.mark.parametrize("precision", ["float32", "int4"])
+def test_greedy_drafts_from_a_subvocab_are_the_picks_over_the_whole_row(tiny_qwen, tiny_llama, precision):
+    """Greedy drafts keep the sub-vocabulary's logits as they are (no vocabulary-wide row): the same
+    drafts as the whole row with the request's own tokens written in, in every case that row has."""
+    import types
+
+    import torch
+    from specdec.speculation.proposers import draft_model
+    cpu_precision(precision)
+    cfg = engine_config(str(tiny_qwen), precision=precision)
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
+                                        policy="fixed", draft=DraftConfig(vocab_size=256))
+    runs = []
+    for lean in (True, False):
+        llm = LLM(config=cfg, progress=False)
+        proposer = llm.engine.speculator.proposers[llm.engine.speculator.default_id]
+        seen, propose = [], proposer.propose
+
+        def recorded(*args, propose=propose, seen=seen):
+            drafts = propose(*args)
+            seen.append([p.token_ids for p in drafts.proposals])
+            return drafts
+        proposer.propose = recorded
+        if not lean:
+            proposer._lean = lambda *a: False
+        widths, execute = [], proposer.runner.execute
+        proposer.runner.execute = lambda sched, sub_vocab=False, execute=execute, widths=widths: \
+            widths.append((out := execute(sched, sub_vocab)).logits.shape[1]) or out
+        outside = torch.ones(proposer.vocab_size, dtype=torch.bool)
+        outside[proposer.runner.model.vocab_ids] = False
+        outside[proposer.runner.never_sample] = False
+        prompts = [*PROMPTS, outside.nonzero()[:12, 0].tolist()]  # a request with tokens of its own
+        out = llm.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+        runs.append((seen, [o.token_ids for o in out]))
+        assert set(widths) == ({256} if lean else {proposer.runner.model.cfg.vocab_size})
+    assert runs[0] == runs[1] and sum(len(d) for step in runs[0][0] for d in step) > 0
+    # each case on its own: no tokens of its own, some, the whole vocabulary
+    model, vocab = proposer.runner.model, proposer.request_vocab
+    inside = set(model.vocab_ids.tolist())
+    others = [t for t in outside.nonzero()[:, 0].tolist() if t not in inside]
+    vocab.take_in("own", others[:4], [])
+    vocab.take_in("whole", [], [min(inside)] * 6 + others[4:7])
+    assert vocab.whole("whole")
+    for rid in ("none", "own", "whole"):
+        for seed in range(4):
+            hidden = torch.randn(model.row_align, model.cfg.hidden_size, generator=torch.Generator().manual_seed(seed))
+            sub = model.compute_logits(hidden, scatter=False)[0].index_fill_(0, proposer.runner.never_sub, float("-inf"))
+            row = model.compute_logits(hidden)[0].index_fill_(0, proposer.runner.never_sample, float("-inf"))
+            vocab.score(rid, row, hidden[0])
+            req = types.SimpleNamespace(request_id=rid)
+            assert proposer._greedy(req, sub, hidden[0], model.vocab_ids) == int(row[: proposer.vocab_size].argmax())
+    # ties go to the smaller id and NaN wins, as a whole row's argmax
+    assert max((1.0, 7), (1.0, 3), key=draft_model._max_key) == (1.0, 3)
+    assert max((2.0, 1), (float("nan"), 9), key=draft_model._max_key)[1] == 9
+
+
 @pytest.mark.parametrize("target_precision, draft_precision", [("float32", "int4-a8"), ("int4", "float32"),
                                                               ("float32", "bfloat16")])
 def test_a_draft_in_another_precision_is_lossless(tiny_qwen, tiny_llama, target_precision, draft_precision):
@@ -714,3 +770,16 @@ def test_drafts_the_budget_cannot_hold_are_trimmed(plain, tiny_qwen, tiny_llama)
     assert all(len(o.token_ids) == 10 for o in outs) and sum(o.stats.drafted_tokens for o in outs) > 0
     pool = llm.engine.speculator.pools["tiny-llama.gguf"]
     assert pool.num_free_blocks() == pool.num_blocks  # every draft slot given back
+
+
+def test_the_draft_feeds_exactly_the_tokens_past_what_its_cache_holds():
+    """The tokens a draft forward feeds: (prompt + output + drafts)[seen:], wherever `seen` falls."""
+    import itertools
+    import types
+
+    from specdec.speculation.proposers.draft_model import _tail
+    for p, o, d in itertools.product(range(4), repeat=3):
+        req = types.SimpleNamespace(prompt_token_ids=list(range(p)), output_token_ids=list(range(10, 10 + o)))
+        drafts = list(range(20, 20 + d))
+        for seen in range(p + o + d + 2):
+            assert _tail(req, drafts, seen) == (req.prompt_token_ids + req.output_token_ids + drafts)[seen:]

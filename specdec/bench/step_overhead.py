@@ -80,6 +80,9 @@ def _instrument(engine: LLMEngine) -> PhaseTimer:
             if runner is not None:
                 parts += [(runner, "execute", "draft batch building"), (runner.model, "forward", "draft forward"),
                           (runner.model, "compute_logits", "draft output layer")]
+            vocab = getattr(proposer, "request_vocab", None)
+            if vocab is not None:  # the output layer's rows of each request's own tokens
+                parts += [(vocab, "own_scores", "draft output layer")]
     for obj, attr, name in parts:
         timer.wrap(obj, attr, name)
     return timer

@@ -61,3 +61,4 @@ class ModelRunnerOutput:
     forward_seconds: float = 0.0
     exploring: bool = False     # it ran on a thread count the tuner is trying: not a typical cost
     hidden: torch.Tensor | None = None  # the logit rows' final hidden states (rows padded to the model's row_align)
+    vocab_ids: torch.Tensor | None = None  # the token id of each logits column (a sub-vocabulary's); None: all

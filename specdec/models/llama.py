@@ -195,10 +195,11 @@ class LlamaModel:
         self.lm_head = head.select_rows(ids) if isinstance(head, QuantLinear) else head[ids].contiguous()
         self.vocab_ids = ids.to(self.cos.device)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [num_rows, hidden_size] (a multiple of `row_align` rows) -> float32 logits [num_rows, vocab]."""
+    def compute_logits(self, hidden: torch.Tensor, scatter: bool = True) -> torch.Tensor:
+        """hidden: [num_rows, hidden_size] (a multiple of `row_align` rows) -> float32 logits [num_rows, vocab].
+        With a sub-vocabulary and `scatter` False: only its columns, [num_rows, len(vocab_ids)]."""
         logits = linear(hidden, self.lm_head, options=self.options).float()
-        if self.vocab_ids is None:
+        if self.vocab_ids is None or not scatter:
             return logits
         full = logits.new_full((logits.shape[0], self.cfg.vocab_size), float("-inf"))
         return full.index_copy_(1, self.vocab_ids, logits)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specdec.core.outputs import ScheduledChunk
@@ -24,16 +25,18 @@ class ForwardBatch:
 
 
 @functools.lru_cache(maxsize=None)
-def _offsets(block_size: int) -> torch.Tensor:
-    return torch.arange(block_size)
+def _offsets(block_size: int) -> np.ndarray:
+    return np.arange(block_size, dtype=np.int64)
 
 
 def build_batch(chunks: list[ScheduledChunk], block_size: int, align: int, device: torch.device) -> ForwardBatch:
     """The flat rows of `chunks` (one after another), padded to a multiple of `align` rows; each
-    token's cache slot comes from its request's block table (`block_size` slots a block)."""
+    token's cache slot comes from its request's block table (`block_size` slots a block). The index
+    arithmetic is numpy's: a decode step builds this between forwards that flush the caches, and each
+    small torch operation costs several times its numpy twin there."""
     ids: list[int] = []
     positions: list[int] = []
-    slots: list[int] = []
+    slots: list[np.ndarray] = []
     seqs: list[SeqAttention] = []
     logit_rows: list[int] = []
     cu = [0]
@@ -42,10 +45,10 @@ def build_batch(chunks: list[ScheduledChunk], block_size: int, align: int, devic
         n = len(chunk.token_ids)
         start = chunk.start_position
         # every slot of the table's blocks, in order, then the context's first start + n of them
-        table = torch.tensor(chunk.block_ids, dtype=torch.long)
-        ctx_slots = (table[:, None] * block_size + offsets).view(-1)[: start + n]
-        seqs.append(SeqAttention(len(ids), n, start, ctx_slots.to(device)))
-        slots.extend(ctx_slots[start:].tolist())
+        table = np.asarray(chunk.block_ids, dtype=np.int64)
+        ctx_slots = (table[:, None] * block_size + offsets).reshape(-1)[: start + n]
+        seqs.append(SeqAttention(len(ids), n, start, torch.from_numpy(ctx_slots).to(device)))
+        slots.append(ctx_slots[start:])
         logit_rows.extend(range(len(ids) + n - chunk.num_logits, len(ids) + n))
         ids.extend(chunk.token_ids)
         positions.extend(range(start, start + n))
@@ -54,5 +57,6 @@ def build_batch(chunks: list[ScheduledChunk], block_size: int, align: int, devic
     pad = num_rows - len(ids)
     input_ids = torch.tensor(ids + [0] * pad, dtype=torch.long, device=device)
     pos_t = torch.tensor(positions + [0] * pad, dtype=torch.long, device=device)
-    meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device), seqs, num_rows)
+    slot_mapping = torch.from_numpy(np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64)).to(device)
+    meta = AttentionMetadata(slot_mapping, seqs, num_rows)
     return ForwardBatch(input_ids, pos_t, meta, logit_rows, cu)

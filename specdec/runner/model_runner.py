@@ -50,10 +50,16 @@ class ModelRunner:
             mask[vocab_limit:] = True  # embedding rows past the tokenizer's vocabulary
         # their ids: a few hundred, so filling them costs microseconds where a vocabulary-wide mask costs 0.1 ms a row
         self.never_sample = mask.nonzero()[:, 0].to(device)
+        # the same ids as columns of a sub-vocabulary's logits (`execute(sub_vocab=True)`)
+        ids = model.vocab_ids
+        self.never_sub = None if ids is None else mask.to(ids.device)[ids].nonzero()[:, 0]
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        """One forward over the scheduled chunks, on this runner's own thread count (restored after)."""
+    def execute(self, sched: SchedulerOutput, sub_vocab: bool = False) -> ModelRunnerOutput:
+        """One forward over the scheduled chunks, on this runner's own thread count (restored after).
+        `sub_vocab`: a model restricted to a sub-vocabulary returns only its columns (`vocab_ids` says
+        which), never-sample ids at -inf: no vocabulary-wide row to fill and search."""
+        sub_vocab = sub_vocab and self.never_sub is not None
         t0 = time.perf_counter()
         for src, dst in sched.block_copies:
             self._copy_block(src, dst)
@@ -64,27 +70,30 @@ class ModelRunner:
         with using_threads(threads):
             t1 = time.perf_counter()
             hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_caches)
-            logits, hidden = self.compute_logits(hidden, batch.logit_rows)
+            logits, hidden = self.compute_logits(hidden, batch.logit_rows, sub_vocab)
             if self.device.type == "cuda":  # kernels run asynchronously: the cost model needs their real time
                 torch.cuda.synchronize(self.device)
             t2 = time.perf_counter()
         if self.tuner:
             self.tuner.record(num_rows, threads, t2 - t1)
         return ModelRunnerOutput(logits=logits, cu_num_logits=batch.cu_num_logits, forward_seconds=t2 - t0,
-                                 exploring=best is not None and threads != best, hidden=hidden)
+                                 exploring=best is not None and threads != best, hidden=hidden,
+                                 vocab_ids=self.model.vocab_ids if sub_vocab else None)
 
-    def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits for the given rows of the hidden states, never-sample ids at -inf ([len(rows), vocab]),
-        and those rows' hidden states (padded to `row_align` rows)."""
+    def compute_logits(self, hidden: torch.Tensor, rows: list[int],
+                       sub_vocab: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits for the given rows of the hidden states, never-sample ids at -inf ([len(rows), vocab],
+        or a sub-vocabulary's columns), and those rows' hidden states (padded to `row_align` rows)."""
         if not rows:
-            return torch.empty(0, self.model.cfg.vocab_size, device=self.device), hidden[:0]
+            width = len(self.model.vocab_ids) if sub_vocab else self.model.cfg.vocab_size
+            return torch.empty(0, width, device=self.device), hidden[:0]
         idx = rows + [rows[-1]] * (pad_rows(len(rows), self.model.row_align) - len(rows))
         if idx == list(range(idx[0], idx[0] + len(idx))):
             selected = hidden[idx[0]:idx[0] + len(idx)]   # one run of rows (decoding): a view, no gather
         else:
             selected = hidden[torch.tensor(idx, dtype=torch.long, device=self.device)]
-        logits = self.model.compute_logits(selected)[: len(rows)]
-        return logits.index_fill_(-1, self.never_sample, float("-inf")), selected
+        logits = self.model.compute_logits(selected, scatter=not sub_vocab)[: len(rows)]
+        return logits.index_fill_(-1, self.never_sub if sub_vocab else self.never_sample, float("-inf")), selected
 
     def _copy_block(self, src: int, dst: int) -> None:
         bs = self.block_size

@@ -13,6 +13,7 @@ repeated request) costs the draft no prefill.
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from contextlib import ExitStack
@@ -34,6 +35,23 @@ from specdec.grammar import Lookahead
 from specdec.speculation.proposers.base import BuildContext, DraftProposal, Drafts
 from specdec.speculation.proposers.self_draft import format_skip, is_self_draft, parse_skip, resolve_auto
 from specdec.speculation.proposers.subvocab import RequestVocab, auto_vocab_size, build_subvocab
+
+
+def _max_key(m: tuple[float, int]) -> tuple[bool, float, int]:
+    """Orders (logit, id) so that max() picks what first_argmax over a row does: NaN as the largest,
+    then the larger logit, then the smaller id."""
+    nan = math.isnan(m[0])
+    return nan, 0.0 if nan else m[0], -m[1]
+
+
+def _tail(req: Request, drafts: list[int], start: int) -> list[int]:
+    """(prompt + output + drafts)[start:], without building the whole list (a long prompt, every step)."""
+    prompt, output = req.prompt_token_ids, req.output_token_ids
+    if start >= len(prompt) + len(output):
+        return drafts[start - len(prompt) - len(output):]
+    if start >= len(prompt):
+        return output[start - len(prompt):] + drafts
+    return prompt[start:] + output + drafts
 
 
 def build(ctx: BuildContext) -> DraftModelProposer:
@@ -150,14 +168,18 @@ class DraftModelProposer:
             for i, req, k in active:
                 rid = req.request_id
                 seen = self.kv.num_slots.get(rid, 0)
-                tokens = (req.all_token_ids + drafts[i])[seen:]
+                tokens = _tail(req, drafts[i], seen)
                 self.kv.allocate(rid, len(tokens))
                 chunks.append(ScheduledChunk(rid, tokens, seen, list(self.kv.block_tables[rid]), 1))
             rows = sum(len(c.token_ids) for c in chunks)
-            out = self.runner.execute(SchedulerOutput(chunks, rows, self.kv.take_pending_copies()))
+            lean = self._lean(active, ahead)
+            out = self.runner.execute(SchedulerOutput(chunks, rows, self.kv.take_pending_copies()), sub_vocab=lean)
             forward_costs.append((rows, None if out.exploring else out.forward_seconds))
             ended = set()
             for row, (i, req, _) in enumerate(active):
+                if lean:
+                    drafts[i].append(self._greedy(req, out.logits[row], out.hidden[row], out.vocab_ids))
+                    continue
                 if self.request_vocab is not None:
                     self.request_vocab.score(req.request_id, out.logits[row], out.hidden[row])
                 token, q = self._sample(req, out.logits[row, : self.vocab_size], drafts[i], ahead.get(i))
@@ -169,6 +191,27 @@ class DraftModelProposer:
             step += 1
             # the last draft is never fed: its K/V would be computed by the next catch-up anyway
             active = [(i, req, k) for i, req, k in active if k > step and i not in ended]
+
+    def _lean(self, active: list[tuple[int, Request, int]], ahead: dict[int, Lookahead]) -> bool:
+        """Whether this forward's drafts are all plain greedy picks from a sub-vocabulary (no grammar,
+        bias or penalties): then its logits stay the sub-vocabulary's columns (`_greedy`)."""
+        if self.request_vocab is None:
+            return False
+        return all(req.params.greedy and not req.params.logit_bias and not req.params.needs_penalties
+                   and i not in ahead for i, req, _ in active)
+
+    def _greedy(self, req: Request, logits: torch.Tensor, hidden: torch.Tensor, vocab_ids: torch.Tensor) -> int:
+        """The greedy draft from a sub-vocabulary's logits and the request's own tokens' (RequestVocab):
+        the token `_sample` picks from the whole row those make, the first maximum in id order."""
+        own = self.request_vocab.own_scores(req.request_id, hidden)
+        if own is not None and own[0] is None:  # the request scores the whole vocabulary
+            return int(first_argmax(own[1][: self.vocab_size]))
+        i = int(first_argmax(logits))
+        best = (float(logits[i]), int(vocab_ids[i]))
+        if own is not None:
+            j = int(first_argmax(own[1]))
+            best = max(best, (float(own[1][j]), int(own[0][j])), key=_max_key)
+        return best[1]
 
     def _sample(self, req: Request, logits: torch.Tensor, drafts: list[int], ahead: Lookahead | None
                 ) -> tuple[int, torch.Tensor | None]:

@@ -153,16 +153,28 @@ class RequestVocab:
     def score(self, request_id: str, logits: torch.Tensor, hidden: torch.Tensor) -> None:
         """Write the request's own tokens' logits into `logits` ([vocab], in place) from its final
         hidden state (`hidden`: [hidden_size])."""
+        own = self.own_scores(request_id, hidden)
+        if own is None:
+            return
+        ids, scored = own
+        if ids is None:
+            logits[: len(scored)] = scored
+        else:
+            logits[ids] = scored
+
+    @torch.inference_mode()
+    def own_scores(self, request_id: str, hidden: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+        """(ids, logits) of the request's own tokens from its final hidden state ([hidden_size]): ids None
+        when it scores the whole vocabulary (then logits are every id's, never-sample ids at -inf); None
+        when it has no tokens of its own."""
         w = self._requests.get(request_id)
         if w is None or w.head is None:
-            return
+            return None
         rows = hidden.expand(self.row_align, -1).contiguous()
         scored = linear(rows, w.head, options=self.options)[0].float()
         if w.whole:
-            logits[: len(scored)] = scored
-            logits[self.never] = float("-inf")
-        else:
-            logits[w.ids] = scored
+            return None, scored.index_fill_(0, self.never[self.never < len(scored)], float("-inf"))
+        return w.ids, scored
 
     def whole(self, request_id: str) -> bool:
         """Whether the request now scores the whole vocabulary."""
