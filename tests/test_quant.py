@@ -155,6 +155,32 @@ def avx2_then_best():
     kernel.isa("best")
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])
+@pytest.mark.parametrize("heads, d", [(12, 128), (14, 64), (4, 80), (2, 8), (20, 64)])
+def test_attention_avx512_and_avx2_are_bitwise_equal(kv_dtype, heads, d, avx2_then_best):
+    """The AVX-512 build of attention does each output element's float operations as the AVX2 build
+    does (two query heads' products in the halves of a 16-float vector, values 16 at a time): decode
+    rows and verification runs alike, any group of query heads per KV head (1 to 10), bitwise."""
+    from specdec.quant import kv_format
+    g = torch.Generator().manual_seed(heads * d)
+    kv_heads, rows, context = 2, 6, 203
+    slots = torch.randperm(context + rows + 40, generator=g)[: context + rows]  # paged: any slots
+    k, v = (kv_format.encode(torch.randn(kv_heads, context + rows + 40, d, generator=g), kv_dtype) for _ in range(2))
+    q = torch.randn(rows, heads, d, generator=g)
+    lens = torch.tensor([context + 1 + r for r in range(rows - 1)] + [37])  # a run of 5, then a short row
+    ctx_slots = torch.cat([slots[:n] for n in lens.tolist()])
+    starts = torch.cumsum(lens, 0) - lens
+    outs = []
+    for isa in ("avx2", "best"):
+        avx2_then_best.isa(isa)
+        out = torch.empty(rows, heads * d)
+        kernel.attention(q, k, v, ctx_slots, starts, lens, d ** -0.5, out)
+        outs.append(out)
+    if avx2_then_best.isa() != "avx512-vnni":
+        pytest.skip("this CPU has no AVX-512: only the AVX2 build runs")
+    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+
+
 @_with_acts((8, 16))
 def test_vnni_and_avx2_paths_are_bitwise_equal(name, act, avx2_then_best):
     """The VNNI build of the integer paths computes the same exact integer sums and the same float

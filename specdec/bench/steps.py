@@ -168,7 +168,8 @@ class EngineRows:
         blocks = -(-(context + max(rows)) // block_size)
         self.device, self.context = device, context
         model = LlamaModel(cfg, weights, context + max(rows) + 1, device)
-        if vocab is not None and vocab < cfg.vocab_size:  # the embedding table, if tied, is then looked up only
+        self.sub_vocab = vocab is not None and vocab < cfg.vocab_size  # its columns only, as greedy drafts run
+        if self.sub_vocab:  # the embedding table, if tied, is then looked up only
             model.restrict_vocab(torch.arange(vocab))
             weights, cfg = {**weights, "lm_head": model.lm_head}, dataclasses.replace(cfg, tie_embeddings=False)
         self.runner = ModelRunner(model, blocks, block_size, device, kv_dtype=kv_dtype)
@@ -187,7 +188,7 @@ class EngineRows:
                                                 self.table, n)], n)
         _sync(self.device)
         t0 = time.perf_counter()
-        self.runner.execute(sched)
+        self.runner.execute(sched, sub_vocab=self.sub_vocab)
         _sync(self.device)
         return time.perf_counter() - t0
 

@@ -1,6 +1,6 @@
 """The AVX2 CPU kernels, one library: `qlinear.cpp` (linear layers: quantized weights, and dense float32
 weights), `layer_ops.cpp` (RMSNorm, rotary embeddings, SwiGLU's activation), `attention.cpp` (paged
-attention) and `decoder.cpp` (the layer loop over them in one call; its Python side is `decoder.py`),
+attention; `attention_avx512.cpp` the same built for AVX-512) and `decoder.cpp` (the layer loop over them in one call; its Python side is `decoder.py`),
 their C ABI declared once in `kernels.h` and mirrored once here (the structs and `SIGNATURES`). Built with the system C++
 compiler on first use into $SPECDEC_HOME/kernels (keyed by the hash of the sources and headers, written
 under a temporary name, then renamed), loaded with ctypes. Where it cannot be built (no compiler, no
@@ -25,11 +25,12 @@ from specdec.config import specdec_home
 from specdec.quant import kv_format
 
 SOURCES = [Path(__file__).with_name(f) for f in ("qlinear.cpp", "qlinear_vnni.cpp", "layer_ops.cpp", "attention.cpp",
-                                                  "decoder.cpp")]
+                                                  "attention_avx512.cpp", "decoder.cpp")]
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))  # every header: included, so hashed too
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=c++17"]
 # instruction sets a source is built for beyond AVX2; its code runs only where the CPU has them (kernel_isa)
-EXTRA_FLAGS = {"qlinear_vnni.cpp": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]}
+EXTRA_FLAGS = {name: ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
+               for name in ("qlinear_vnni.cpp", "attention_avx512.cpp")}
 ISAS = {0: "avx2", 1: "avx512-vnni"}  # kernels.h's KERNEL_ISA_*
 
 
@@ -163,8 +164,8 @@ def _lib() -> ctypes.CDLL:
 
 
 def isa(request: str | None = None) -> str:
-    """The instruction set of the integer-activation paths ("avx512-vnni" where the CPU has it, else
-    "avx2"); `request` "avx2" pins AVX2 for this process (tests compare the paths), "best" undoes it."""
+    """The instruction set of the integer-activation paths and attention ("avx512-vnni" where the CPU has
+    it, else "avx2"); `request` "avx2" pins AVX2 for this process (tests compare the paths), "best" undoes it."""
     code = {None: -1, "avx2": 0, "best": 1}[request]
     return ISAS[_lib().kernel_isa(code)]
 

@@ -60,7 +60,7 @@ struct Dims {
 inline int64_t kv_group(int64_t d) { return d % 32 == 0 ? 32 : d % 16 == 0 ? 16 : 8; }
 inline int64_t kv_int8_row(int64_t d) { return d + 4 * (d / kv_group(d)); }  // bytes
 
-// kernel_isa's instruction sets for the integer-activation paths
+// kernel_isa's instruction sets for the integer-activation paths (and attention: AVX-512 with VNNI's)
 #define KERNEL_ISA_AVX2 0
 #define KERNEL_ISA_VNNI 1
 
@@ -70,7 +70,7 @@ extern "C" {
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes, const float* scale,
             const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int8_t* sub,
             const float* dsup, const uint8_t* mins, const float* dmin, const uint8_t* tiles);
-// The instruction set the integer-activation paths use: request KERNEL_ISA_AVX2 or KERNEL_ISA_VNNI (the
+// The instruction set the integer-activation paths and attention use: request KERNEL_ISA_AVX2 or KERNEL_ISA_VNNI (the
 // best the CPU has; the default), or -1 to ask. Returns the one in use.
 int kernel_isa(int request);
 int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y, int64_t ldy,
