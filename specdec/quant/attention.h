@@ -100,18 +100,18 @@ inline void pair_queries(const float* qh, int64_t pairs, int64_t d, float* out) 
         }
 }
 
-// qk_tile<2, 4> for NP head pairs at once (qp: pair_queries), a pair's two products with one key in the
-// two halves of a 16-float vector: each product's multiply-adds and sum are qk_tile<2, 4>'s, and each key
-// chunk is loaded once for all 2 * NP heads. s[2p], s[2p + 1]: pair p's heads' four scores.
-template <int NP>
-inline void qk_pairs16(const float* qp, const float* const* k, int64_t d, float scale, float* const* s) {
+// qk_tile<2, 4> for NP head pairs at once (qp: pair_queries) and keys t .. t + 3, a pair's two products
+// with one key in the two halves of a 16-float vector: each product's multiply-adds and sum are
+// qk_tile<2, 4>'s, and each key chunk is loaded once for all 2 * NP heads. s[2p], s[2p + 1]: pair p's
+// heads' four scores.
+template <int NP, class Rows>
+inline void qk_pairs16(const float* qp, const Rows& keys, int64_t t, int64_t d, float scale, float* const* s) {
     __m512 acc[NP][4];
     for (int p = 0; p < NP; ++p)
         for (int j = 0; j < 4; ++j) acc[p][j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < d; i += 8) {
         __m512 kc[4];
-        for (int j = 0; j < 4; ++j)  // the key's chunk in both halves
-            kc[j] = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(k[j] + i))));
+        for (int j = 0; j < 4; ++j) kc[j] = both8(keys, t + j, i);  // keys t .. t + 3, the chunk in both halves
         for (int p = 0; p < NP; ++p) {
             const __m512 qc = _mm512_loadu_ps(qp + 2 * (p * d + i));
             for (int j = 0; j < 4; ++j) acc[p][j] = _mm512_fmadd_ps(qc, kc[j], acc[p][j]);
@@ -162,11 +162,10 @@ inline void pv_tile16(const float* const* p, const Rows& v, int64_t i0, int64_t 
         for (int w = 0; w < W; ++w) r[h][w] = _mm512_loadu_ps(acc[h] + i0 + 16 * w);
     const int64_t bytes = sizeof(*v.cache);
     for (int64_t t = t0; t < t1; ++t) {
-        const float* vt = v.row(t) + i0;
         if (ahead)
             for (int64_t b = i0 * bytes; b < (i0 + 16 * W) * bytes; b += 64) v.ahead(t, b);
         __m512 vc[W];
-        for (int w = 0; w < W; ++w) vc[w] = _mm512_loadu_ps(vt + 16 * w);
+        for (int w = 0; w < W; ++w) vc[w] = load16(v, t, i0 + 16 * w);
         for (int h = 0; h < NH; ++h) {
             const __m512 pt = _mm512_set1_ps(p[h][t]);
             for (int w = 0; w < W; ++w) r[h][w] = _mm512_fmadd_ps(pt, vc[w], r[h][w]);
@@ -270,15 +269,21 @@ inline void widen(const int8_t* src, int64_t d, float* dst) {
 
 template <class T>
 struct KvRows : KvSource<T> {
-    std::vector<float> buf = {};
-    int64_t first = -1;
+    mutable std::vector<float> buf = {};
+    int64_t first = -1, last = -1;
+    mutable bool widened = false;
     void begin(int64_t t0, int64_t t1) {  // the block [t0, t1), unless it is the one held
         if (t0 == first) return;
-        first = t0;
-        buf.resize(kTokenBlock * this->d);
-        for (int64_t t = t0; t < t1; ++t) widen(this->source(t), this->d, buf.data() + (t - t0) * this->d);
+        first = t0, last = t1, widened = false;
     }
-    const float* row(int64_t t) const { return buf.data() + (t - first) * this->d; }
+    const float* row(int64_t t) const {  // the block widened on first use (the AVX-512 tiles read float16 as it is)
+        if (!widened) {
+            buf.resize(kTokenBlock * this->d);
+            for (int64_t u = first; u < last; ++u) widen(this->source(u), this->d, buf.data() + (u - first) * this->d);
+            widened = true;
+        }
+        return buf.data() + (t - first) * this->d;
+    }
 };
 
 template <>
@@ -286,6 +291,28 @@ struct KvRows<float> : KvSource<float> {  // read in place
     void begin(int64_t, int64_t) {}
     const float* row(int64_t t) const { return source(t); }
 };
+
+#ifdef __AVX512F__
+// 16 values of row t from element i as floats: a float16 cache's widened in the register, others read
+// as row() gives them; the same floats either way.
+inline __m512 load16(const KvRows<uint16_t>& v, int64_t t, int64_t i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(v.source(t) + i)));
+}
+template <class Rows>
+inline __m512 load16(const Rows& v, int64_t t, int64_t i) {
+    return _mm512_loadu_ps(v.row(t) + i);
+}
+
+// 8 values of row t from element i, as load16 reads them, in both halves of a 16-float vector.
+inline __m512 both8(const KvRows<uint16_t>& v, int64_t t, int64_t i) {
+    const __m256d c = _mm256_castps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v.source(t) + i))));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(c), c, 1));
+}
+template <class Rows>
+inline __m512 both8(const Rows& v, int64_t t, int64_t i) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(v.row(t) + i))));
+}
+#endif
 
 // f(r, t0, t1) for each block of kTokenBlock positions [t0, t1) of each row r in [r0, r1) that reaches
 // it, blocks outermost: a block is read from memory for the first row and from the L1 cache for the rest.
@@ -320,15 +347,13 @@ void run_scores(const float* q, int64_t ldq, int64_t r0, int64_t r1, int64_t gro
         int64_t paired = t0;  // the keys before it are scored for every head pair
 #ifdef __AVX512F__
         for (; !qp.empty() && paired + 4 <= t1; paired += 4) {  // every pair at once, four keys at a time
-            const float* ks[4];
             float* out[8];
-            for (int j = 0; j < 4; ++j) ks[j] = keys.row(paired + j);
             if (r == r0)
                 for (int j = 0; j < 4; ++j)
                     for (int64_t b = 0; b < stride * (int64_t)sizeof(T); b += 64) keys.ahead(paired + j, b);
             for (int64_t h = 0; h < 2 * pairs; ++h) out[h] = sc + h * len + paired;
             simd::with_count<4>(pairs, [&](auto n) {
-                qk_pairs16<decltype(n)::value>(qp.data() + (r - r0) * pairs * 2 * d, ks, d, scale, out);
+                qk_pairs16<decltype(n)::value>(qp.data() + (r - r0) * pairs * 2 * d, keys, paired, d, scale, out);
             });
         }
 #endif
