@@ -44,6 +44,23 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-steps-prefetch-xeon-emr": ("2026-12-06", "xeon-emr", "the three prices on an Emerald Rapids Xeon "
+                                      "with the tiles' streams asked for ahead (L1 and L2) and the read peak "
+                                      "measured as the kernels stream, beside llama.cpp, 1 to 256 rows"),
+    "bench-prefetch-xeon-emr": ("2026-12-06", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon with "
+                                "the tiles' streams asked for ahead and greedy drafts in their sub-vocabulary: "
+                                "plain, the draft model under the cost model, the hybrid, llama.cpp and OpenVINO "
+                                "GenAI's speculation on code, chat and prose"),
+    "bench-steps-4k-attention-xeon-emr": ("2026-12-06", "xeon-emr", "a decode row and a five-row verification "
+                                          "after 4,096 tokens on an Emerald Rapids Xeon, attention in AVX-512, "
+                                          "beside llama.cpp"),
+    "bench-steps-8k-attention-xeon-emr": ("2026-12-06", "xeon-emr", "one row and five verified rows after 8,192 "
+                                          "tokens (Emerald Rapids Xeon) beside llama.cpp"),
+    "bench-attention-avx512-xeon-emr": ("2026-12-06", "xeon-emr", "the attention kernel alone over 28 layers' "
+                                        "caches in AVX-512 on an Emerald Rapids Xeon, each K/V format against "
+                                        "the read bandwidth"),
+    "bench-step-overhead-prefetch-xeon-emr": ("2026-12-06", "xeon-emr", "the step outside the forwards on an "
+                                              "Emerald Rapids Xeon with greedy drafts in their sub-vocabulary"),
     "bench-steps-draft-tiles-xeon-emr": ("2026-12-06", "xeon-emr", "the three prices on an Emerald Rapids Xeon "
                                          "with the draft's matrices as row-interleaved tiles of one group of 64 "
                                          "(4 and 3 bits), the target's K-quant tiles, beside llama.cpp, 1 to 256 "
