@@ -20,9 +20,10 @@ DEFAULT_BYTES = 512 * 2**20  # far above any last-level cache here, so the passe
 
 def measure_read_bandwidth(num_bytes: int = DEFAULT_BYTES, passes: int = 5, num_threads: int | None = None) -> float:
     """Read bandwidth in GB/s (1e9 bytes): the fastest of `passes` timed reads of `num_bytes` (one
-    untimed pass first touches the pages), in huge pages where the weights are. `num_threads`: as the decode arms use. The reads are the
-    kernels' own stream (`kernel.read_pass_seconds`: lines asked for ahead, as the weight tiles do),
-    or `sum()` where the kernels do not build: a bound the kernels' streams can reach, not pass."""
+    untimed pass first touches the pages), in huge pages where the weights are. `num_threads`: as the
+    decode arms use. The reads are the kernels' own stream (`kernel.read_pass_seconds`: lines asked for
+    ahead, as the weight tiles do), or `sum()` where the kernels do not build: a bound the kernels'
+    streams can reach, not pass."""
     from specdec.models import huge_pages
     from specdec.quant import kernel
     # in huge pages where the weights are (models/huge_pages.py): their stream walks as few page tables

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.bench.bandwidth import measure_read_bandwidth, weight_bytes_per_token
 from specdec.config import KV_CACHE_DTYPES, split_kv
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
 from specdec.extras import require_plotting
@@ -124,7 +125,6 @@ def work_per_step(cfg: LlamaConfig, weights: dict, context: int, kv_bytes_per_va
     """What one forward must do at least: bytes read (every weight as held, and the context's keys and
     values as cached, each once; `bandwidth.py`) and multiply-adds per row (every matrix but the
     embedding table, and attention's two products over the context)."""
-    from specdec.bench.bandwidth import weight_bytes_per_token
     macs = sum(math.prod(w.shape) for name, w in weights.items()
                if name != "embed" and len(w.shape) == 2 and not name.endswith("_bias"))
     macs += 2 * context * cfg.num_heads * cfg.head_dim * cfg.num_layers
@@ -140,17 +140,12 @@ def bound_ms(work: dict, rows: int, peaks: dict) -> float:
     return 1e3 * max(memory, compute)
 
 
-def _read_gb_s(threads: int) -> float:
-    from specdec.bench.bandwidth import measure_read_bandwidth
-    return measure_read_bandwidth(num_threads=threads)
-
-
 def measure_peaks(threads: int) -> dict:
     """This machine's read bandwidth and int8 multiply-add rate (on 1 and on `threads` threads), with
     the instruction set the integer kernels use."""
     from specdec.quant import kernel
     by_threads = {t: kernel.int8_peak(t) for t in sorted({1, threads})}
-    peaks = {"read_gb_s": _read_gb_s(threads), "isa": kernel.isa(),
+    peaks = {"read_gb_s": measure_read_bandwidth(num_threads=threads), "isa": kernel.isa(),
              "int8_macs_per_s": by_threads[threads], "int8_macs_per_s_by_threads": by_threads}
     print(f"steps: peaks: read {peaks['read_gb_s']:.1f} GB/s; int8 {peaks['isa']} "
           + ", ".join(f"{r / 1e9:.0f} G multiply-adds/s on {t} thread{'s' * (t > 1)}" for t, r in by_threads.items()),
@@ -275,7 +270,7 @@ def run(models: list[str], precisions: list[str], device: str, rows: list[int], 
         times = time_settings(settings, rows, repeats)
         works = {key: setting.work for key, setting in settings.items()}
         if peaks:  # this VM's bandwidth drifts by a fifth within minutes: the best of before and after
-            peaks["read_gb_s"] = max(peaks["read_gb_s"], _read_gb_s(torch.get_num_threads()))
+            peaks["read_gb_s"] = max(peaks["read_gb_s"], measure_read_bandwidth(num_threads=torch.get_num_threads()))
     finally:
         for setting in settings.values():
             setting.close()

@@ -61,12 +61,12 @@ def into_huge_pages(weights: dict[str, object]) -> dict[str, object]:
         return weights
     unique = {t.data_ptr(): t for t in tensors}
     sizes = {p: -(-t.numel() * t.element_size() // ALIGN) * ALIGN for p, t in unique.items()}
-    arena_ = arena(sum(sizes.values()))
+    block = arena(sum(sizes.values()))
     moved: dict[int, torch.Tensor] = {}
     offset = 0
     for p, t in unique.items():
         n = t.numel() * t.element_size()
-        moved[p] = arena_[offset:offset + n].view(t.dtype).view(t.shape).copy_(t)
+        moved[p] = block[offset:offset + n].view(t.dtype).view(t.shape).copy_(t)
         offset += sizes[p]
     move: Callable[[torch.Tensor], torch.Tensor] = lambda t: moved.get(t.data_ptr(), t)  # noqa: E731
     return {name: w.map_tensors(move) if isinstance(w, QuantLinear) else move(w) if isinstance(w, torch.Tensor)

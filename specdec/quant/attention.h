@@ -336,7 +336,8 @@ void run_scores(const float* q, int64_t ldq, int64_t r0, int64_t r1, int64_t gro
 #ifdef __AVX512F__
     std::vector<float> qp(pairs <= 4 ? (r1 - r0) * pairs * 2 * d : 0);
     if (!qp.empty())
-        for (int64_t r = r0; r < r1; ++r) pair_queries(q + r * ldq + kvh * group * d, pairs, d, qp.data() + (r - r0) * pairs * 2 * d);
+        for (int64_t r = r0; r < r1; ++r)
+            pair_queries(q + r * ldq + kvh * group * d, pairs, d, qp.data() + (r - r0) * pairs * 2 * d);
 #endif
     blocks_of_run(r0, r1, ctx_len, [&](int64_t r, int64_t t0, int64_t t1) {
         const int64_t len = ctx_len[r];

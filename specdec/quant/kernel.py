@@ -1,9 +1,10 @@
 """The AVX2 CPU kernels, one library: `qlinear.cpp` (linear layers: quantized weights, and dense float32
 weights), `layer_ops.cpp` (RMSNorm, rotary embeddings, SwiGLU's activation), `attention.cpp` (paged
-attention; `attention_avx512.cpp` the same built for AVX-512) and `decoder.cpp` (the layer loop over them in one call; its Python side is `decoder.py`),
-their C ABI declared once in `kernels.h` and mirrored once here (the structs and `SIGNATURES`). Built with the system C++
-compiler on first use into $SPECDEC_HOME/kernels (keyed by the hash of the sources and headers, written
-under a temporary name, then renamed), loaded with ctypes. Where it cannot be built (no compiler, no
+attention; `attention_avx512.cpp` the same built for AVX-512) and `decoder.cpp` (the layer loop over
+them in one call; its Python side is `decoder.py`), their C ABI declared once in `kernels.h` and
+mirrored once here (the structs and `SIGNATURES`). Built with the system C++ compiler on first use
+into $SPECDEC_HOME/kernels (keyed by the hash of the sources and headers, written under a temporary
+name, then renamed), loaded with ctypes. Where it cannot be built (no compiler, no
 AVX2, not x86), `available()` says why: the pure-PyTorch paths run instead (`packed.py`, `layers.py`,
 `attention.py`, `models/llama.py`), and float32 uses MKL in row blocks."""
 from __future__ import annotations

@@ -70,8 +70,8 @@ extern "C" {
 int qlinear(const float* x, int64_t rows, int64_t k, int bits, int group, const void* codes, const float* scale,
             const float* offset, int64_t n, float* y, int64_t ldy, int threads, int act, const int8_t* sub,
             const float* dsup, const uint8_t* mins, const float* dmin, const uint8_t* tiles);
-// The instruction set the integer-activation paths and attention use: request KERNEL_ISA_AVX2 or KERNEL_ISA_VNNI (the
-// best the CPU has; the default), or -1 to ask. Returns the one in use.
+// The instruction set the integer-activation paths and attention use: request KERNEL_ISA_AVX2 or
+// KERNEL_ISA_VNNI (the best the CPU has; the default), or -1 to ask. Returns the one in use.
 int kernel_isa(int request);
 int dense_linear(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y, int64_t ldy,
                  int threads);

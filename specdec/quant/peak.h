@@ -86,8 +86,8 @@ inline double int8_peak_rate(int threads, double seconds) {
 }
 
 // Seconds for one read of [p, p + bytes) on `threads` threads, each its own contiguous share, asking
-// for the lines 8 KB ahead into L2: a read stream with nothing to compute,
-// the bandwidth the kernels' streams can reach (a library's sum reached 0.65-0.85x it on a Xeon VM).
+// for the lines 8 KB ahead into L2: a read stream with nothing to compute, the bandwidth the kernels'
+// streams can reach (a library's sum reached 0.65-0.85x it on a Xeon VM).
 inline double read_pass(const uint8_t* p, int64_t bytes, int threads) {
     double start = 0, stop = 0;
     int sink = 0;
