@@ -360,7 +360,8 @@ def test_the_ctypes_table_follows_the_header():
     """kernels.h declares the C ABI once; kernel.py's structs and SIGNATURES must follow it exactly
     (a mismatch would pass wrong arguments silently)."""
     text = re.sub(r"//[^\n]*", "", Path(kernel.__file__).with_name("kernels.h").read_text())
-    structs = {"Part": kernel.Part, "Linear": kernel.Linear, "Layer": kernel.Layer, "Dims": kernel.Dims}
+    structs = {"Part": kernel.Part, "Linear": kernel.Linear, "Layer": kernel.Layer, "Dims": kernel.Dims,
+               "ChainRow": kernel.ChainRow}
     declared = dict(re.findall(r"struct (\w+) \{([^}]*)\};", text))
     assert set(declared) == set(structs)
     for name, body in declared.items():

@@ -412,8 +412,9 @@ def test_a_subvocab_draft_also_scores_each_requests_own_tokens(tiny_qwen, tiny_l
 
 @pytest.mark.parametrize("precision", ["float32", "int4"])
 def test_greedy_drafts_from_a_subvocab_are_the_picks_over_the_whole_row(tiny_qwen, tiny_llama, precision):
-    """Greedy drafts keep the sub-vocabulary's logits as they are (no vocabulary-wide row): the same
-    drafts as the whole row with the request's own tokens written in, in every case that row has."""
+    """Greedy drafts keep the sub-vocabulary's logits as they are (no vocabulary-wide row), in one C++
+    call a propose (the draft chain) or one forward a position: the same drafts as the whole row with
+    the request's own tokens written in, in every case that row has."""
     import types
 
     import torch
@@ -423,7 +424,7 @@ def test_greedy_drafts_from_a_subvocab_are_the_picks_over_the_whole_row(tiny_qwe
     cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=3,
                                         policy="fixed", draft=DraftConfig(vocab_size=256))
     runs = []
-    for lean in (True, False):
+    for mode in ("chain", "lean", "whole row"):
         llm = LLM(config=cfg, progress=False)
         proposer = llm.engine.speculator.proposers[llm.engine.speculator.default_id]
         seen, propose = [], proposer.propose
@@ -433,8 +434,12 @@ def test_greedy_drafts_from_a_subvocab_are_the_picks_over_the_whole_row(tiny_qwe
             seen.append([p.token_ids for p in drafts.proposals])
             return drafts
         proposer.propose = recorded
-        if not lean:
+        if mode == "whole row":
             proposer._lean = lambda *a: False
+        if mode == "lean":
+            proposer.runner.chain_ready = lambda heads: False
+        chained, draft_chain = [], proposer.runner.draft_chain
+        proposer.runner.draft_chain = lambda *a, f=draft_chain, chained=chained: chained.append(a) or f(*a)
         widths, execute = [], proposer.runner.execute
         proposer.runner.execute = lambda sched, sub_vocab=False, execute=execute, widths=widths: \
             widths.append((out := execute(sched, sub_vocab)).logits.shape[1]) or out
@@ -444,8 +449,11 @@ def test_greedy_drafts_from_a_subvocab_are_the_picks_over_the_whole_row(tiny_qwe
         prompts = [*PROMPTS, outside.nonzero()[:12, 0].tolist()]  # a request with tokens of its own
         out = llm.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
         runs.append((seen, [o.token_ids for o in out]))
-        assert set(widths) == ({256} if lean else {proposer.runner.model.cfg.vocab_size})
-    assert runs[0] == runs[1] and sum(len(d) for step in runs[0][0] for d in step) > 0
+        assert set(widths) == {"chain": set(), "lean": {256}, "whole row": {proposer.runner.model.cfg.vocab_size}}[mode]
+        # the chain: one C++ call a propose, with the own-token rows of a request that has some
+        assert bool(chained) == (mode == "chain")
+        assert mode != "chain" or any(c.own_head is not None for a in chained for c in a[0])
+    assert runs[0] == runs[1] == runs[2] and sum(len(d) for step in runs[0][0] for d in step) > 0
     # each case on its own: no tokens of its own, some, the whole vocabulary
     model, vocab = proposer.runner.model, proposer.request_vocab
     inside = set(model.vocab_ids.tolist())
@@ -464,6 +472,45 @@ def test_greedy_drafts_from_a_subvocab_are_the_picks_over_the_whole_row(tiny_qwe
     # ties go to the smaller id and NaN wins, as a whole row's argmax
     assert max((1.0, 7), (1.0, 3), key=draft_model._max_key) == (1.0, 3)
     assert max((2.0, 1), (float("nan"), 9), key=draft_model._max_key)[1] == 9
+
+
+@pytest.mark.parametrize("precision", ["float32", "int4"])
+def test_the_draft_chain_proposes_what_one_forward_a_position_does(tiny_qwen, tiny_llama, precision):
+    """Lean greedy drafts past the first run in one C++ call: the same drafts, the same draft cache and
+    the same draft forwards as one engine round trip a position, whatever each request's k, over
+    rounds with rollbacks in between, with and without tokens of a request's own."""
+    import torch
+    from specdec.request import Request
+    cpu_precision(precision)
+    cfg = engine_config(str(tiny_qwen), precision=precision)
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=6,
+                                        policy="fixed", draft=DraftConfig(vocab_size=256))
+    runs = []
+    for chain in (True, False):
+        speculator = LLM(config=cfg, progress=False).engine.speculator
+        proposer = speculator.proposers[speculator.default_id]
+        if not chain:
+            proposer.runner.chain_ready = lambda heads: False
+        calls, draft_chain = [], proposer.runner.draft_chain
+        proposer.runner.draft_chain = lambda *a, f=draft_chain, calls=calls: calls.append(a) or f(*a)
+        outside = torch.ones(proposer.vocab_size, dtype=torch.bool)
+        outside[proposer.runner.model.vocab_ids] = False
+        outside[proposer.runner.never_sample] = False
+        prompts = [[5, 6, 7, 8, 9], list(range(40, 71)), outside.nonzero()[:9, 0].tolist()]
+        reqs = [Request(f"r{i}", None, p, SamplingParams(max_tokens=64)) for i, p in enumerate(prompts)]
+        seen = []
+        for ks in ([4, 1, 6], [2, 5, 3], [6, 6, 6]):
+            drafts = proposer.propose(reqs, ks, ks)
+            seen.append(([p.token_ids for p in drafts.proposals], [rows for rows, _ in drafts.forward_costs],
+                         dict(proposer.kv.num_slots)))
+            for req, p in zip(reqs, drafts.proposals):  # keep a prefix of each, as verification would
+                kept = p.token_ids[: len(p.token_ids) // 2]
+                req.output_token_ids += kept + [7]
+                proposer.on_verified(req, len(p.token_ids), len(kept))
+        runs.append(seen)
+        assert len(calls) == (3 if chain else 0)
+    assert runs[0] == runs[1]
+    assert [len(d) for d in runs[0][0][0]] == [4, 1, 6] and runs[0][0][1][1:] == [2, 2, 2, 1, 1]
 
 
 @pytest.mark.parametrize("target_precision, draft_precision", [("float32", "int4-a8"), ("int4", "float32"),

@@ -34,7 +34,10 @@ from specdec.request import SpecOptions
 from specdec.sampling_params import SamplingParams
 
 ARMS = ("plain", "draft", "suffix_batch")
-FORWARDS = ("target forward", "target output layer", "draft forward", "draft output layer")
+# a greedy draft's positions past the first run in one C++ call (ModelRunner.draft_chain): its forwards,
+# output layers and picks, timed as one part
+FORWARDS = ("target forward", "target output layer", "draft forward", "draft output layer",
+            "draft chain (forwards, output layers, picks)")
 
 
 def _engine(arm: str, target: str, draft: str, k: int) -> LLMEngine:
@@ -79,7 +82,9 @@ def _instrument(engine: LLMEngine) -> PhaseTimer:
             runner = getattr(proposer, "runner", None)
             if runner is not None:
                 parts += [(runner, "execute", "draft batch building"), (runner.model, "forward", "draft forward"),
-                          (runner.model, "compute_logits", "draft output layer")]
+                          (runner.model, "compute_logits", "draft output layer"),
+                          (runner, "draft_chain", "draft batch building"),
+                          (runner.model, "draft_chain", FORWARDS[-1])]
             vocab = getattr(proposer, "request_vocab", None)
             if vocab is not None:  # the output layer's rows of each request's own tokens
                 parts += [(vocab, "own_scores", "draft output layer")]

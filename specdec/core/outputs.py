@@ -62,3 +62,15 @@ class ModelRunnerOutput:
     exploring: bool = False     # it ran on a thread count the tuner is trying: not a typical cost
     hidden: torch.Tensor | None = None  # the logit rows' final hidden states (rows padded to the model's row_align)
     vocab_ids: torch.Tensor | None = None  # the token id of each logits column (a sub-vocabulary's); None: all
+
+
+@dataclass
+class DraftChain:
+    """One request's greedy drafts in one call (`ModelRunner.draft_chain`): `steps` forwards, the first
+    feeding `feed` (what the draft's cache lacks) from `position` on, each later one the last pick."""
+    feed: list[int]
+    steps: int
+    position: int
+    slots: torch.Tensor                 # [position + len(feed) + steps - 1] int64: every position's cache slot
+    own_head: object | None = None      # the output layer's rows of the request's own tokens (QuantLinear or tensor)
+    own_ids: torch.Tensor | None = None  # their token ids

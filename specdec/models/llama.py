@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.core.outputs import DraftChain
 from specdec.quant import kernel
 from specdec.quant.attention import AttentionMetadata, paged_attention
 from specdec.quant.decoder import FusedDecoder
@@ -119,6 +120,8 @@ class LlamaModel:
                                    options)
         self.cos, self.sin = rope_tables(cfg, max_positions, device)
         self.vocab_ids: torch.Tensor | None = None  # set by restrict_vocab
+        self._head_ids: torch.Tensor | None = None  # the token of each output column (draft_chain)
+        self._chain_ready: bool | None = None
         self.skip_layers = skip_layers
         self.device = device
         self._fused: FusedDecoder | None = None  # built on first use (None after that: not possible)
@@ -189,11 +192,33 @@ class LlamaModel:
             delta = linear(act, w[p + "down"], options=options)
         return self._norm(h, w["norm"], delta, fast)
 
+    def chain_ready(self, own_heads: list[QuantLinear | torch.Tensor]) -> bool:
+        """Whether `draft_chain` runs here, with these own-token output layers beside the model's."""
+        if self._chain_ready is None:  # the model's own part, checked once
+            fused = self._fused_decoder() if self._kernels() else None
+            self._chain_ready = (fused is not None and self.row_align == 1
+                                 and fused.chain_supported(self.w["embed"], [self.lm_head]))
+        return self._chain_ready and FusedDecoder.chain_supported(None, own_heads)
+
+    def draft_chain(self, chains: list[DraftChain], never: torch.Tensor,
+                    kv_caches: list[tuple[torch.Tensor, torch.Tensor]], threads: list[int]
+                    ) -> tuple[list[list[int]], list[float]]:
+        """Greedy drafts in one C++ call (`FusedDecoder.draft_chain`; check `chain_ready` first): each
+        forward embeds, runs the layers and the output layer, and picks the first maximum over the
+        output layer's columns (uint8 `never` marks those never sampled) and the chain's own tokens.
+        Returns each chain's picks and each forward's seconds."""
+        if self._head_ids is None:
+            self._head_ids = (self.vocab_ids if self.vocab_ids is not None
+                              else torch.arange(self.cfg.vocab_size)).to(torch.int64).contiguous()
+        return self._fused_decoder().draft_chain(chains, self.w["embed"], self.lm_head, self._head_ids, never,
+                                                 self.cos, self.sin, kv_caches, threads)
+
     def restrict_vocab(self, ids: torch.Tensor) -> None:
         """Score only these token ids from now on (a draft's sub-vocabulary); the rest get -inf."""
         head = self.lm_head
         self.lm_head = head.select_rows(ids) if isinstance(head, QuantLinear) else head[ids].contiguous()
         self.vocab_ids = ids.to(self.cos.device)
+        self._head_ids = self._chain_ready = None
 
     def compute_logits(self, hidden: torch.Tensor, scatter: bool = True) -> torch.Tensor:
         """hidden: [num_rows, hidden_size] (a multiple of `row_align` rows) -> float32 logits [num_rows, vocab].

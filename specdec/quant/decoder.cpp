@@ -5,6 +5,7 @@
 // (`llama.py`), in the same order, on the same rows: the results are bitwise the same.
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include <algorithm>
@@ -83,6 +84,68 @@ void store_kv(void* cache, int64_t slot, const float* x, const Dims& D) {
     }
 }
 
+// Row `id` of an embedding table (a Part of e.n rows of k values) into out: float32 rows as they are,
+// else code * scale (+ offset) per group in float32, two roundings as packed.py's dequantize. 8-bit
+// codes one a byte; 4-bit in 32-value chunks of 16 bytes, low nibbles first (packed.py's int_codes).
+int embed_row(const Part& e, int64_t k, int64_t id, float* out) {
+    if (id < 0 || id >= e.n) return 2;
+    if (e.dense) {
+        memcpy(out, e.dense + id * k, k * sizeof(float));
+        return 0;
+    }
+    const float* scale = e.scale + id * (k / e.group);
+    if (e.bits == 8) {
+        const int8_t* c = (const int8_t*)e.codes + id * k;
+        for (int64_t i = 0; i < k; ++i) out[i] = (float)c[i] * scale[i / e.group];
+    } else if (e.bits == 4 && k % 32 == 0) {
+        const uint8_t* c = (const uint8_t*)e.codes + id * (k / 2);
+        for (int64_t i = 0; i < k; ++i) {
+            const uint8_t b = c[i / 32 * 16 + i % 16];
+            out[i] = (float)(i % 32 < 16 ? b & 15 : b >> 4) * scale[i / e.group];
+        }
+    } else {
+        return 1;
+    }
+    if (e.offset)
+        for (int64_t i = 0; i < k; ++i) out[i] = out[i] + e.offset[id * (k / e.group) + i / e.group];
+    return 0;
+}
+
+// numpy's argmax: the first NaN, else the first maximum; columns marked in `never` count as -inf.
+int64_t first_max(const float* v, int64_t n, const uint8_t* never) {
+    int64_t best = 0;
+    float top = 0.f;
+    for (int64_t c = 0; c < n; ++c) {
+        const float x = never && never[c] ? -INFINITY : v[c];
+        if (x != x) return c;
+        if (c == 0 || x > top) top = x, best = c;
+    }
+    return best;
+}
+
+// Whether (v, id) outranks (top, top_id) as draft_model._max_key orders picks: NaN first, then the
+// larger logit, then the smaller id.
+bool outranks(float v, int64_t id, float top, int64_t top_id) {
+    const bool nan = v != v, top_nan = top != top;
+    if (nan != top_nan) return nan;
+    if (!nan && v != top) return v > top;
+    return id < top_id;
+}
+
+// One row's greedy pick from its final hidden state: the head's first maximum, or the request's own
+// token that outranks it.
+int64_t pick(const float* logits, const Linear& head, const int64_t* head_ids, const uint8_t* never,
+             const ChainRow& row, const float* hidden, int64_t k, std::vector<float>& own, int threads) {
+    const int64_t c = first_max(logits, head.n, never);
+    int64_t token = head_ids[c];
+    const float top = never && never[c] ? -INFINITY : logits[c];
+    if (row.own.n == 0) return token;
+    own.resize(row.own.n);
+    if (linear(row.own, hidden, 1, k, own.data(), threads)) return -1;
+    const int64_t j = first_max(own.data(), row.own.n, nullptr);
+    return outranks(own[j], row.own_ids[j], top, token) ? row.own_ids[j] : token;
+}
+
 }  // namespace
 
 extern "C" {
@@ -121,6 +184,59 @@ int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, c
         have_delta = true;
     }
     rms_norm(h, hd, have_delta ? delta.data() : nullptr, hd, rows, hd, final_norm, D.eps, out, threads);
+    return 0;
+}
+
+// Forward s runs the requests with more than s steps, in order, each feeding its rows of the forward
+// (all of `feed` in the first, then its last pick); contexts are the slot lists laid end to end, as
+// `attention` reads them, and only each request's last row is scored.
+int draft_chain(const Layer* layers, int64_t num_layers, const Dims* dims, const float* final_norm,
+                const Part* embed, const Linear* head, const int64_t* head_ids, const uint8_t* never,
+                ChainRow* rows, int64_t num_rows, const float* cos, const float* sin, const int* threads,
+                double* seconds) {
+    const int64_t hd = dims->hidden;
+    int64_t steps = 0, most = 0;  // forwards; rows of the largest (the first)
+    std::vector<int64_t> ctx_slots, offset(num_rows);
+    for (int64_t r = 0; r < num_rows; ++r) {
+        steps = std::max(steps, rows[r].steps);
+        most += rows[r].feed;
+        offset[r] = ctx_slots.size();
+        ctx_slots.insert(ctx_slots.end(), rows[r].slots,
+                         rows[r].slots + rows[r].position + rows[r].feed + rows[r].steps - 1);
+    }
+    std::vector<float> h(most * hd), out(most * hd), last(num_rows * hd), logits(num_rows * head->n), own;
+    std::vector<int64_t> who(num_rows), pos(most), slot(most), start(most), len(most);
+    for (int64_t s = 0; s < steps; ++s) {
+        const double t0 = omp_get_wtime();
+        int64_t n = 0, m = 0;  // requests, rows
+        for (int64_t r = 0; r < num_rows; ++r) {
+            const ChainRow& row = rows[r];
+            if (row.steps <= s) continue;
+            const int64_t first = s == 0 ? 0 : row.feed + s - 1, feed = s == 0 ? row.feed : 1;
+            for (int64_t j = first; j < first + feed; ++j, ++m) {
+                if (int rc = embed_row(*embed, hd, row.tokens[j], h.data() + m * hd)) return rc;
+                pos[m] = row.position + j, slot[m] = row.slots[pos[m]], start[m] = offset[r], len[m] = pos[m] + 1;
+            }
+            who[n++] = r;
+        }
+        if (int rc = decoder_forward(layers, num_layers, dims, final_norm, h.data(), m, pos.data(), slot.data(), m,
+                                     ctx_slots.data(), start.data(), len.data(), cos, sin, out.data(), threads[s]))
+            return rc;
+        for (int64_t i = 0, end = 0; i < n; ++i) {  // each request's last row
+            const ChainRow& row = rows[who[i]];
+            end += s == 0 ? row.feed : 1;
+            memcpy(last.data() + i * hd, out.data() + (end - 1) * hd, hd * sizeof(float));
+        }
+        if (int rc = linear(*head, last.data(), n, hd, logits.data(), threads[s])) return rc;
+        for (int64_t i = 0; i < n; ++i) {
+            const ChainRow& row = rows[who[i]];
+            const int64_t token = pick(logits.data() + i * head->n, *head, head_ids, never, row,
+                                       last.data() + i * hd, hd, own, threads[s]);
+            if (token < 0) return 1;
+            row.tokens[row.feed + s] = token;
+        }
+        seconds[s] = omp_get_wtime() - t0;
+    }
     return 0;
 }
 

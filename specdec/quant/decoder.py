@@ -12,7 +12,8 @@ import ctypes
 import torch
 
 from specdec.quant import kernel, kv_format
-from specdec.quant.kernel import Dims, Layer, Linear, Part
+from specdec.core.outputs import DraftChain
+from specdec.quant.kernel import ChainRow, Dims, Layer, Linear, Part
 from specdec.quant.packed import QuantLinear, QuantTensor
 
 _SUPPORTED = {(4, 32), (8, 32), (6, 16)}  # (bits, group) the linear kernel runs
@@ -66,13 +67,9 @@ class FusedDecoder:
     def _linear(self, weight: QuantLinear | torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         return describe_linear(weight, bias, self._keep)
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                row_contexts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """h: [rows, hidden] float32 embeddings (the residual stream, updated in place) -> final-normed
-        hidden states [rows, hidden]. Writes each real row's K/V into its slot of `kv_caches` (one (k, v)
-        per layer of the model, skipped ones included)."""
-        if self._caches is not kv_caches:  # the runner's caches are allocated once
+    def _bind(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Point the layers at the runner's caches (allocated once: bound on the first call)."""
+        if self._caches is not kv_caches:
             dtype = kv_caches[0][0].dtype
             if not all(_cache(k, dtype) and _cache(v, dtype) for k, v in kv_caches):
                 raise ValueError("the fused decoder needs contiguous CPU K/V caches, all of one kv_format dtype")
@@ -83,6 +80,14 @@ class FusedDecoder:
             if any(c.shape != kv_caches[0][0].shape for kv in kv_caches for c in kv):
                 raise ValueError("the fused decoder needs every layer's K/V caches of one shape")
             self._caches = kv_caches
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                row_contexts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """h: [rows, hidden] float32 embeddings (the residual stream, updated in place) -> final-normed
+        hidden states [rows, hidden]. Writes each real row's K/V into its slot of `kv_caches` (one (k, v)
+        per layer of the model, skipped ones included)."""
+        self._bind(kv_caches)
         assert h.dtype == torch.float32 and h.is_contiguous() and positions.dtype == slot_mapping.dtype == torch.int64
         out = torch.empty_like(h)
         ctx_slots, ctx_start, ctx_len = row_contexts
@@ -96,6 +101,50 @@ class FusedDecoder:
         if rc != 0:
             raise RuntimeError("decoder_forward: a linear layer's layout is not supported by the kernel")
         return out
+
+    @staticmethod
+    def chain_supported(embed: QuantLinear | torch.Tensor | None, heads: list[QuantLinear | torch.Tensor]) -> bool:
+        """Whether `draft_chain` runs with this embedding table (None: not checked) and these output layers."""
+        return (embed is None or _embedding(embed, []) is not None) and all(_supported(h) for h in heads)
+
+    def draft_chain(self, chains: list[DraftChain], embed: QuantLinear | torch.Tensor, head: QuantLinear | torch.Tensor,
+                    head_ids: torch.Tensor, never: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    kv_caches: list[tuple[torch.Tensor, torch.Tensor]], threads: list[int]
+                    ) -> tuple[list[list[int]], list[float]]:
+        """Each chain's greedy drafts, all in one C++ call (decoder.cpp's draft_chain): forward s runs
+        the chains with more than s steps through the layer loop (the first feeding each chain's
+        `feed`, every later one its last pick), scores each chain's last row with `head` (int64
+        `head_ids` its columns' tokens, uint8 `never` its never-sample columns) and the chain's own
+        tokens' rows, and picks as the Python side does. `threads`: each forward's thread count.
+        Returns each chain's `steps` picks and each forward's seconds."""
+        self._bind(kv_caches)
+        keep: list[object] = []
+        table = _embedding(embed, keep)
+        if table is None or head_ids.dtype != torch.int64 or never.dtype != torch.uint8:
+            raise ValueError("draft_chain: unsupported embedding table or column arrays")
+        rows = (ChainRow * len(chains))()
+        tokens = []
+        for row, c in zip(rows, chains):
+            slots = c.slots.to(torch.int64).contiguous()
+            if not c.feed or c.steps < 1 or slots.shape[0] < c.position + len(c.feed) + c.steps - 1:
+                raise ValueError("draft_chain: a chain needs tokens to feed, a step, and a slot for each position")
+            tokens.append(torch.tensor(c.feed + [0] * c.steps, dtype=torch.int64))
+            keep.append(slots)
+            row.feed, row.steps, row.position = len(c.feed), c.steps, c.position
+            row.slots, row.tokens = slots.data_ptr(), tokens[-1].data_ptr()
+            if c.own_head is not None:
+                row.own = describe_linear(c.own_head, None, keep)
+                keep.append(ids := c.own_ids.to(torch.int64).contiguous())
+                row.own_ids = ids.data_ptr()
+        steps = max(c.steps for c in chains)
+        seconds = (ctypes.c_double * steps)()
+        rc = kernel._lib().draft_chain(
+            self.layers, len(self.indices), ctypes.byref(self.dims), self.final_norm.data_ptr(), ctypes.byref(table),
+            ctypes.byref(describe_linear(head, None, keep)), head_ids.data_ptr(), never.data_ptr(), rows, len(chains),
+            cos.data_ptr(), sin.data_ptr(), (ctypes.c_int * steps)(*threads), seconds)
+        if rc != 0:
+            raise RuntimeError("draft_chain: a layout is not supported by the kernel")
+        return [t[len(c.feed):].tolist() for t, c in zip(tokens, chains)], list(seconds)
 
 
 def describe_linear(weight: QuantLinear | torch.Tensor, bias: torch.Tensor | None, keep: list) -> Linear:
@@ -119,6 +168,25 @@ def describe_linear(weight: QuantLinear | torch.Tensor, bias: torch.Tensor | Non
     keep.append(arr)
     n = sum(slot.n for slot in arr)
     return Linear(ctypes.cast(arr, ctypes.POINTER(Part)), len(parts), n, _ptr(bias))
+
+
+def _embedding(embed: QuantLinear | torch.Tensor, keep: list) -> Part | None:
+    """An embedding table as the Part `draft_chain` reads rows of (float32 rows, or one part of 8-bit
+    codes, or 4-bit codes in 32-value chunks), kept alive in `keep`; None for any other form."""
+    part = Part()
+    if isinstance(embed, torch.Tensor):
+        if not _float32(embed) or embed.dim() != 2:
+            return None
+        part.n, part.dense = embed.shape[0], embed.data_ptr()
+    else:
+        p = embed.parts[0] if len(embed.parts) == 1 else None
+        if not isinstance(p, QuantTensor) or not (p.bits == 8 or (p.bits == 4 and p.cols % 32 == 0)):
+            return None
+        part.n, part.bits, part.group = p.rows, p.bits, p.group
+        part.codes, part.scale, part.offset = p.codes.data_ptr(), p.scale.data_ptr(), _ptr(p.offset)
+        keep.append(p)
+    keep.append(embed)
+    return part
 
 
 def _supported(weight: object) -> bool:

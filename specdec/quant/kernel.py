@@ -59,6 +59,11 @@ class Dims(ctypes.Structure):
                 ("head_dim", _i64), ("kv_slots", _i64), ("eps", _f32), ("attn_scale", _f32), ("kv_format", _int)]
 
 
+class ChainRow(ctypes.Structure):
+    _fields_ = [("feed", _i64), ("steps", _i64), ("position", _i64), ("slots", _ptr), ("tokens", _ptr), ("own", Linear),
+                ("own_ids", _ptr)]
+
+
 # every extern "C" function: name -> (result type, [(argument, type)]); pointers to data are void pointers
 SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
     "qlinear": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("bits", _int), ("group", _int), ("codes", _ptr),
@@ -90,6 +95,11 @@ SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
                                ("positions", _ptr), ("slot_mapping", _ptr), ("num_real", _i64),
                                ("ctx_slots", _ptr), ("ctx_start", _ptr), ("ctx_len", _ptr), ("cos", _ptr),
                                ("sin", _ptr), ("out", _ptr), ("threads", _int)]),
+    "draft_chain": (_int, [("layers", ctypes.POINTER(Layer)), ("num_layers", _i64), ("dims", ctypes.POINTER(Dims)),
+                           ("final_norm", _ptr), ("embed", ctypes.POINTER(Part)), ("head", ctypes.POINTER(Linear)),
+                           ("head_ids", _ptr), ("never", _ptr), ("rows", ctypes.POINTER(ChainRow)),
+                           ("num_rows", _i64), ("cos", _ptr), ("sin", _ptr), ("threads", _ptr),
+                           ("seconds", _ptr)]),
 }
 
 

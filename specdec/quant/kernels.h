@@ -51,6 +51,19 @@ struct Dims {
     int kv_format;          // KV_FORMAT_*: the K/V caches' rows
 };
 
+// One request's greedy drafts (decoder.cpp's draft_chain): `steps` forwards, each picking one. The
+// first feeds tokens[0, feed) (what the draft's cache lacks) at positions position onwards, every
+// later one the last pick; pick s is written to tokens[feed + s].
+struct ChainRow {
+    int64_t feed;
+    int64_t steps;
+    int64_t position;
+    const int64_t* slots;   // [position + feed + steps - 1] the cache slot of every position of the context
+    int64_t* tokens;        // [feed + steps]
+    Linear own;             // the output layer's rows of the request's own tokens (n == 0: none)
+    const int64_t* own_ids; // [own.n] their token ids
+};
+
 // K/V cache rows (kv_format.py): float32; float16 (IEEE half, rounded to nearest even); int8 codes then
 // a float32 scale per group of kv_group(head_dim) values
 #define KV_FORMAT_F32 0
@@ -99,5 +112,14 @@ int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, c
                     int64_t rows, const int64_t* positions, const int64_t* slot_mapping, int64_t num_real,
                     const int64_t* ctx_slots, const int64_t* ctx_start, const int64_t* ctx_len, const float* cos,
                     const float* sin, float* out, int threads);
+// The greedy draft chain: each forward embeds the rows' last tokens (`embed`: the table as a Part,
+// float32 or 8-bit codes or 4-bit codes in 32-value chunks), runs the layer loop, scores `head`
+// (columns `head_ids`, never-sample columns marked in `never`) and each row's own tokens, and picks
+// the first maximum as the Python side does. threads, seconds: [the longest row's steps], each
+// forward's thread count, and its time written. Returns 0, or nonzero on an unsupported layout.
+int draft_chain(const Layer* layers, int64_t num_layers, const Dims* dims, const float* final_norm,
+                const Part* embed, const Linear* head, const int64_t* head_ids, const uint8_t* never,
+                ChainRow* rows, int64_t num_rows, const float* cos, const float* sin, const int* threads,
+                double* seconds);
 
 }  // extern "C"

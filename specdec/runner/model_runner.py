@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from specdec.core.outputs import ModelRunnerOutput, SchedulerOutput
+from specdec.core.outputs import DraftChain, ModelRunnerOutput, SchedulerOutput
 from specdec.models.llama import LlamaModel
 from specdec.quant import kv_format
 from specdec.quant.layers import pad_rows
@@ -53,6 +53,7 @@ class ModelRunner:
         # the same ids as columns of a sub-vocabulary's logits (`execute(sub_vocab=True)`)
         ids = model.vocab_ids
         self.never_sub = None if ids is None else mask.to(ids.device)[ids].nonzero()[:, 0]
+        self._never_columns: torch.Tensor | None = None  # uint8 over the output columns (draft_chain)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, sub_vocab: bool = False) -> ModelRunnerOutput:
@@ -79,6 +80,34 @@ class ModelRunner:
         return ModelRunnerOutput(logits=logits, cu_num_logits=batch.cu_num_logits, forward_seconds=t2 - t0,
                                  exploring=best is not None and threads != best, hidden=hidden,
                                  vocab_ids=self.model.vocab_ids if sub_vocab else None)
+
+    def chain_ready(self, own_heads: list[object]) -> bool:
+        """Whether `draft_chain` runs on this runner's model (LlamaModel.chain_ready)."""
+        return self.model.chain_ready(own_heads)
+
+    @torch.inference_mode()
+    def draft_chain(self, chains: list[DraftChain], block_copies: list[tuple[int, int]]
+                    ) -> tuple[list[list[int]], list[tuple[int, float | None]]]:
+        """Greedy drafts (their slots allocated) in one C++ call, each forward on the tuner's thread
+        count for its rows. Returns each chain's picks and each forward's (rows, seconds), seconds
+        None where the tuner explored another count."""
+        for src, dst in block_copies:
+            self._copy_block(src, dst)
+        rows = [sum(len(c.feed) for c in chains)]
+        rows += [sum(c.steps > s for c in chains) for s in range(1, max(c.steps for c in chains))]
+        threads = [self.tuner.choose(n) if self.tuner else torch.get_num_threads() for n in rows]
+        best = [self.tuner.best(n) if self.tuner else None for n in rows]
+        if self._never_columns is None:
+            width = len(self.model.vocab_ids) if self.never_sub is not None else self.model.cfg.vocab_size
+            self._never_columns = torch.zeros(width, dtype=torch.uint8)
+            self._never_columns[self.never_sub if self.never_sub is not None else self.never_sample] = 1
+        tokens, seconds = self.model.draft_chain(chains, self._never_columns, self.kv_caches, threads)
+        costs = []
+        for n, used, fastest, s in zip(rows, threads, best, seconds):
+            if self.tuner:
+                self.tuner.record(n, used, s)
+            costs.append((n, None if fastest is not None and used != fastest else s))
+        return tokens, costs
 
     def compute_logits(self, hidden: torch.Tensor, rows: list[int],
                        sub_vocab: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

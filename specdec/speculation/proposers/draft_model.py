@@ -21,7 +21,7 @@ from contextlib import ExitStack
 import torch
 
 from specdec.core.kv_cache_manager import KVCacheManager
-from specdec.core.outputs import ScheduledChunk, SchedulerOutput
+from specdec.core.outputs import DraftChain, ScheduledChunk, SchedulerOutput
 from specdec.models.llama import LlamaModel
 from specdec.models.registry import default_draft
 from specdec.models.loader import LoadedModel, load_model
@@ -162,6 +162,8 @@ class DraftModelProposer:
                probs: dict[int, list[torch.Tensor]], ahead: dict[int, Lookahead],
                forward_costs: list[tuple[int, float | None]]) -> None:
         """Autoregressive draft steps, all active requests in one forward each."""
+        if self._lean(active, ahead) and self._chain(active, drafts, forward_costs):
+            return
         step = 0
         while active:
             chunks = []
@@ -191,6 +193,33 @@ class DraftModelProposer:
             step += 1
             # the last draft is never fed: its K/V would be computed by the next catch-up anyway
             active = [(i, req, k) for i, req, k in active if k > step and i not in ended]
+
+    def _chain(self, active: list[tuple[int, Request, int]], drafts: dict[int, list[int]],
+               forward_costs: list[tuple[int, float | None]]) -> bool:
+        """Lean greedy drafts without returning here between them: one C++ call runs each position's
+        forward, output layer and pick (ModelRunner.draft_chain). False, having done nothing, where it
+        cannot run (a request scoring the whole vocabulary, a layout it lacks)."""
+        vocab = self.request_vocab
+        if any(vocab.whole(req.request_id) for _, req, _ in active):
+            return False
+        owns = [vocab.own_head(req.request_id) for _, req, _ in active]
+        positions = [self.kv.num_slots.get(req.request_id, 0) for _, req, _ in active]
+        feeds = [_tail(req, [], seen) for (_, req, _), seen in zip(active, positions)]
+        if not all(feeds) or not self.runner.chain_ready([head for head, _ in owns if head is not None]):
+            return False
+        chains = []
+        offsets = torch.arange(self.kv.block_size)
+        for (i, req, k), (head, ids), position, feed in zip(active, owns, positions, feeds):
+            rid = req.request_id
+            self.kv.allocate(rid, len(feed) + k - 1)
+            table = torch.tensor(self.kv.block_tables[rid], dtype=torch.int64)
+            slots = (table[:, None] * self.kv.block_size + offsets).reshape(-1)[: position + len(feed) + k - 1]
+            chains.append(DraftChain(feed, k, position, slots, head, ids))
+        picks, costs = self.runner.draft_chain(chains, self.kv.take_pending_copies())
+        for (i, _, _), tokens in zip(active, picks):
+            drafts[i].extend(tokens)
+        forward_costs.extend(costs)
+        return True
 
     def _lean(self, active: list[tuple[int, Request, int]], ahead: dict[int, Lookahead]) -> bool:
         """Whether this forward's drafts are all plain greedy picks from a sub-vocabulary (no grammar,

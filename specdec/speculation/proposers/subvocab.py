@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specdec.config import specdec_home
@@ -118,20 +119,22 @@ class RequestVocab:
         sub-vocabulary; `vocab_size`: the ids a token may have; `never`: ids never to score;
         `row_align`, `options`: the model's, for its products."""
         self.full, self.never, self.row_align, self.options = full_head, never, row_align, options
-        self.scored = torch.zeros(vocab_size, dtype=torch.bool)  # the sub-vocabulary, or never to be scored
-        self.scored[ids[ids < vocab_size]] = True
-        self.scored[never[never < vocab_size]] = True
+        # the sub-vocabulary, or never to be scored (numpy: a propose takes each request's new tokens in,
+        # and small torch operations there cost several times their numpy twins)
+        self.scored = np.zeros(vocab_size, dtype=bool)
+        self.scored[ids[ids < vocab_size].cpu().numpy()] = True
+        self.scored[never[never < vocab_size].cpu().numpy()] = True
         self._requests: dict[str, _Widened] = {}
 
     def take_in(self, request_id: str, prompt: list[int], output: list[int]) -> None:
         """Add the request's tokens not taken in before: its prompt the first time, then its output."""
         w = self._requests.get(request_id)
         if w is None:
-            w = self._requests[request_id] = _Widened(torch.zeros_like(self.scored))
-            self._add(w, torch.tensor(prompt, dtype=torch.long))
+            w = self._requests[request_id] = _Widened(np.zeros_like(self.scored))
+            self._add(w, np.asarray(prompt, dtype=np.int64))
         if len(output) <= w.output_seen or w.whole:
             return
-        new = torch.tensor(output[w.output_seen:], dtype=torch.long)
+        new = np.asarray(output[w.output_seen:], dtype=np.int64)
         new = new[new < len(self.scored)]
         w.missed += int((~(self.scored[new] | w.own[new])).sum())
         w.output_seen = len(output)
@@ -140,13 +143,13 @@ class RequestVocab:
             return
         self._add(w, new)
 
-    def _add(self, w: _Widened, tokens: torch.Tensor) -> None:
-        tokens = tokens[tokens < len(self.scored)].unique()
+    def _add(self, w: _Widened, tokens: np.ndarray) -> None:
+        tokens = np.unique(tokens[tokens < len(self.scored)])
         new = tokens[~(self.scored[tokens] | w.own[tokens])]
         if not len(new):
             return
         w.own[new] = True
-        w.ids = w.own.nonzero()[:, 0]
+        w.ids = torch.from_numpy(np.flatnonzero(w.own))
         w.head = self.full[w.ids].contiguous() if isinstance(self.full, torch.Tensor) else self.full.select_rows(w.ids)
 
     @torch.inference_mode()  # `logits` is the runner's
@@ -176,6 +179,12 @@ class RequestVocab:
             return None, scored.index_fill_(0, self.never[self.never < len(scored)], float("-inf"))
         return w.ids, scored
 
+    def own_head(self, request_id: str) -> tuple[QuantLinear | torch.Tensor | None, torch.Tensor | None]:
+        """(the output layer's rows of the request's own tokens, their ids); (None, None) without any.
+        Not for a request that scores the whole vocabulary (`whole`)."""
+        w = self._requests.get(request_id)
+        return (None, None) if w is None or w.head is None else (w.head, w.ids)
+
     def whole(self, request_id: str) -> bool:
         """Whether the request now scores the whole vocabulary."""
         w = self._requests.get(request_id)
@@ -188,7 +197,7 @@ class RequestVocab:
 @dataclass
 class _Widened:
     """One request's own tokens outside the sub-vocabulary, and what it has seen of its output."""
-    own: torch.Tensor                       # [vocab] bool
+    own: np.ndarray                         # [vocab] bool
     ids: torch.Tensor | None = None         # own's ids, sorted
     head: QuantLinear | torch.Tensor | None = None  # their rows of the output layer (whole: all of it)
     output_seen: int = 0
