@@ -434,10 +434,10 @@ def test_greedy_drafts_from_a_subvocab_are_the_picks_over_the_whole_row(tiny_qwe
             seen.append([p.token_ids for p in drafts.proposals])
             return drafts
         proposer.propose = recorded
+        if mode != "chain":
+            proposer.runner.chain_ready = lambda heads: False
         if mode == "whole row":
             proposer._lean = lambda *a: False
-        if mode == "lean":
-            proposer.runner.chain_ready = lambda heads: False
         chained, draft_chain = [], proposer.runner.draft_chain
         proposer.runner.draft_chain = lambda *a, f=draft_chain, chained=chained: chained.append(a) or f(*a)
         widths, execute = [], proposer.runner.execute
@@ -511,6 +511,94 @@ def test_the_draft_chain_proposes_what_one_forward_a_position_does(tiny_qwen, ti
         assert len(calls) == (3 if chain else 0)
     assert runs[0] == runs[1]
     assert [len(d) for d in runs[0][0][0]] == [4, 1, 6] and runs[0][0][1][1:] == [2, 2, 2, 1, 1]
+
+
+def _chain_proposers(tiny_qwen, tiny_llama, coupling: str, k: int) -> dict[bool, object]:
+    """Two draft proposers of one sub-vocabulary draft, the draft chain on (True: each call to it
+    recorded in its `chained`) and off."""
+    from specdec.config import SamplingConfig
+    cfg = engine_config(str(tiny_qwen))
+    cfg.sampling = SamplingConfig(coupling=coupling)
+    cfg.speculative = SpeculativeConfig(method="draft_model", draft_model=str(tiny_llama), num_speculative_tokens=k,
+                                        policy="fixed", draft=DraftConfig(vocab_size=256))
+    proposers = {}
+    for chain in (True, False):
+        speculator = LLM(config=cfg, progress=False).engine.speculator
+        proposers[chain] = speculator.proposers[speculator.default_id]
+        runner = proposers[chain].runner
+        if not chain:
+            runner.chain_ready = lambda heads: False
+        runner.chained, draft_chain = [], runner.draft_chain
+        runner.draft_chain = lambda *a, f=draft_chain, seen=runner.chained: seen.append(a) or f(*a)
+    return proposers
+
+
+def _own_prompt(proposer) -> list[int]:
+    """A prompt with tokens outside the draft's sub-vocabulary (scored as the request's own)."""
+    import torch
+    outside = torch.ones(proposer.vocab_size, dtype=torch.bool)
+    outside[proposer.runner.model.vocab_ids] = False
+    outside[proposer.runner.never_sample] = False
+    return [5, 6, 7, 8, 9] + outside.nonzero()[:9, 0].tolist()
+
+
+def test_drafts_drawn_in_the_chain_follow_the_distribution_it_returns(tiny_qwen, tiny_llama):
+    """Drafts drawn on the C++ side (rejection coupling): q is the Python processing of the same logits
+    (temperature, top-k, top-p, min-p over the sub-vocabulary and the request's own tokens), and the
+    picks follow q (chi-squared over 1500 seeded draws)."""
+    import collections
+
+    import torch
+    from scipy import stats
+    from specdec.request import Request
+    proposers = _chain_proposers(tiny_qwen, tiny_llama, "rejection", 2)
+    prompt = _own_prompt(proposers[True])
+    params = SamplingParams(temperature=1.3, top_k=40, top_p=0.9, min_p=0.01, max_tokens=64)
+    qs = {}
+    for chain, proposer in proposers.items():
+        drafts = proposer.propose([Request("q", None, prompt, params)], [2], [2])
+        qs[chain] = drafts.proposals[0].probs
+        proposer.free("q")
+    assert qs[True].shape == qs[False].shape == (2, proposers[True].vocab_size)
+    assert torch.allclose(qs[True][0], qs[False][0], atol=1e-6) and qs[True][0].sum().item() == pytest.approx(1, abs=1e-5)
+    proposer, q, n = proposers[True], qs[True][0], 1500
+    counts = collections.Counter()
+    for seed in range(n):
+        req = Request(f"s{seed}", None, prompt, SamplingParams(temperature=1.3, top_k=40, top_p=0.9, min_p=0.01,
+                                                               max_tokens=64, seed=seed))
+        counts[proposer.propose([req], [1], [1]).proposals[0].token_ids[0]] += 1
+        proposer.free(req.request_id)
+    assert all(q[t] > 0 for t in counts) and (q > 0).sum() > 3
+    common = [t for t in (q > 0).nonzero()[:, 0].tolist() if q[t] * n >= 5]
+    observed = [counts[t] for t in common] + [n - sum(counts[t] for t in common)]
+    expected = [float(q[t]) * n for t in common] + [n - sum(float(q[t]) * n for t in common)]
+    if expected[-1] < 1e-9:
+        observed, expected = observed[:-1], expected[:-1]
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+    assert len(proposer.runner.chained) == n + 1 and not proposers[False].runner.chained
+
+
+def test_gumbel_coupled_drafts_in_the_chain_are_the_python_picks(tiny_qwen, tiny_llama):
+    """Coupled drafts picked on the C++ side (the target's positional Gumbel noise over the processed
+    logits, computed only where it can win) are the tokens the Python side picks, position after
+    position, batched with a greedy request."""
+    from specdec.request import Request
+    from specdec.sample.noise import noise_key
+    proposers = _chain_proposers(tiny_qwen, tiny_llama, "gumbel", 4)
+    prompt = _own_prompt(proposers[True])
+    picks = {}
+    for chain, proposer in proposers.items():
+        picks[chain] = []
+        for seed in range(12):
+            params = SamplingParams(temperature=0.5 + seed / 4, top_p=0.95 if seed % 2 else 1.0, top_k=seed * 5,
+                                    min_p=0.02 if seed % 3 == 0 else 0.0, max_tokens=64, seed=seed)
+            reqs = [Request(f"c{seed}", None, prompt, params, noise_key=noise_key(seed)),
+                    Request(f"g{seed}", None, prompt[:7], SamplingParams(max_tokens=64))]
+            picks[chain].append([p.token_ids for p in proposer.propose(reqs, [4, 2], [4, 2]).proposals])
+            for req in reqs:
+                proposer.free(req.request_id)
+    assert picks[True] == picks[False] and len({tuple(p[0]) for p in picks[True]}) > 3
+    assert len(proposers[True].runner.chained) == 12 and not proposers[False].runner.chained
 
 
 @pytest.mark.parametrize("target_precision, draft_precision", [("float32", "int4-a8"), ("int4", "float32"),

@@ -66,11 +66,31 @@ class ModelRunnerOutput:
 
 @dataclass
 class DraftChain:
-    """One request's greedy drafts in one call (`ModelRunner.draft_chain`): `steps` forwards, the first
-    feeding `feed` (what the draft's cache lacks) from `position` on, each later one the last pick."""
+    """One request's drafts in one call (`ModelRunner.draft_chain`): `steps` forwards, the first feeding
+    `feed` (what the draft's cache lacks) from `position` on, each later one the last pick. Greedy
+    at temperature 0; else over the request's processed logits (temperature, top-k, top-p, min-p):
+    Gumbel-coupled with its noise key (the pick for output position noise_at + s), or drawn from
+    their softmax by `uniform`, draws from its generator."""
     feed: list[int]
     steps: int
     position: int
     slots: torch.Tensor                 # [position + len(feed) + steps - 1] int64: every position's cache slot
     own_head: object | None = None      # the output layer's rows of the request's own tokens (QuantLinear or tensor)
     own_ids: torch.Tensor | None = None  # their token ids
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    noise_key: int | None = None
+    noise_at: int = 0
+    uniform: torch.Tensor | None = None  # [steps] float64 in [0, 1)
+
+
+@dataclass
+class ChainOutput:
+    """What `ModelRunner.draft_chain` returns: each chain's picks, and for a sampled one the
+    distribution of each pick ([steps, vocab]); each forward's rows and seconds (None where the
+    thread tuner explored another count)."""
+    tokens: list[list[int]]
+    probs: list[torch.Tensor | None]
+    forward_costs: list[tuple[int, float | None]]

@@ -200,17 +200,18 @@ class LlamaModel:
                                  and fused.chain_supported(self.w["embed"], [self.lm_head]))
         return self._chain_ready and FusedDecoder.chain_supported(None, own_heads)
 
-    def draft_chain(self, chains: list[DraftChain], never: torch.Tensor,
+    def draft_chain(self, chains: list[DraftChain], never: torch.Tensor, vocab: int,
                     kv_caches: list[tuple[torch.Tensor, torch.Tensor]], threads: list[int]
-                    ) -> tuple[list[list[int]], list[float]]:
-        """Greedy drafts in one C++ call (`FusedDecoder.draft_chain`; check `chain_ready` first): each
-        forward embeds, runs the layers and the output layer, and picks the first maximum over the
-        output layer's columns (uint8 `never` marks those never sampled) and the chain's own tokens.
-        Returns each chain's picks and each forward's seconds."""
+                    ) -> tuple[list[list[int]], list[torch.Tensor | None], list[float]]:
+        """Drafts in one C++ call (`FusedDecoder.draft_chain`; check `chain_ready` first): each forward
+        embeds, runs the layers and the output layer, and picks over the output layer's columns (uint8
+        `never` marks those never sampled) and the chain's own tokens, greedy or drawn from a
+        distribution `vocab` wide. Returns each chain's picks, its distributions (None: greedy) and
+        each forward's seconds."""
         if self._head_ids is None:
             self._head_ids = (self.vocab_ids if self.vocab_ids is not None
                               else torch.arange(self.cfg.vocab_size)).to(torch.int64).contiguous()
-        return self._fused_decoder().draft_chain(chains, self.w["embed"], self.lm_head, self._head_ids, never,
+        return self._fused_decoder().draft_chain(chains, self.w["embed"], self.lm_head, self._head_ids, never, vocab,
                                                  self.cos, self.sin, kv_caches, threads)
 
     def restrict_vocab(self, ids: torch.Tensor) -> None:

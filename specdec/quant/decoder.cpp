@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "draft_pick.h"
 #include "kernels.h"
 
 namespace {
@@ -111,39 +112,45 @@ int embed_row(const Part& e, int64_t k, int64_t id, float* out) {
     return 0;
 }
 
-// numpy's argmax: the first NaN, else the first maximum; columns marked in `never` count as -inf.
-int64_t first_max(const float* v, int64_t n, const uint8_t* never) {
-    int64_t best = 0;
-    float top = 0.f;
-    for (int64_t c = 0; c < n; ++c) {
-        const float x = never && never[c] ? -INFINITY : v[c];
-        if (x != x) return c;
-        if (c == 0 || x > top) top = x, best = c;
-    }
-    return best;
-}
+// Scratch of a row's pick, kept across the chain's forwards.
+struct PickScratch {
+    std::vector<float> own, x;
+    Filters filters;
+};
 
-// Whether (v, id) outranks (top, top_id) as draft_model._max_key orders picks: NaN first, then the
-// larger logit, then the smaller id.
-bool outranks(float v, int64_t id, float top, int64_t top_id) {
-    const bool nan = v != v, top_nan = top != top;
-    if (nan != top_nan) return nan;
-    if (!nan && v != top) return v > top;
-    return id < top_id;
-}
-
-// One row's greedy pick from its final hidden state: the head's first maximum, or the request's own
-// token that outranks it.
+// Row `s` of the chain's pick from its final hidden state. Greedy (temperature 0): the head's first
+// maximum, or the request's own token that outranks it. Sampled: the candidates' (head columns, then
+// own tokens; never-sample columns at -inf) processed logits, and their Gumbel-max with the request's
+// positional noise (coupled: no uniform draws), or the draw from their softmax q, written into the
+// row's probs at their ids below its vocabulary.
 int64_t pick(const float* logits, const Linear& head, const int64_t* head_ids, const uint8_t* never,
-             const ChainRow& row, const float* hidden, int64_t k, std::vector<float>& own, int threads) {
-    const int64_t c = first_max(logits, head.n, never);
-    int64_t token = head_ids[c];
-    const float top = never && never[c] ? -INFINITY : logits[c];
-    if (row.own.n == 0) return token;
-    own.resize(row.own.n);
-    if (linear(row.own, hidden, 1, k, own.data(), threads)) return -1;
-    const int64_t j = first_max(own.data(), row.own.n, nullptr);
-    return outranks(own[j], row.own_ids[j], top, token) ? row.own_ids[j] : token;
+             const ChainRow& row, int64_t s, const float* hidden, int64_t k, PickScratch& w, int threads) {
+    const int64_t nh = head.n, no = row.own.n;
+    w.own.resize(no);
+    if (no && linear(row.own, hidden, 1, k, w.own.data(), threads)) return -1;
+    if (row.temperature == 0.f) {
+        const int64_t c = first_max(logits, nh, never);
+        const float top = never && never[c] ? -INFINITY : logits[c];
+        if (no == 0) return head_ids[c];
+        const int64_t j = first_max(w.own.data(), no, nullptr);
+        return outranks(w.own[j], row.own_ids[j], top, head_ids[c]) ? row.own_ids[j] : head_ids[c];
+    }
+    w.x.resize(nh + no);
+    for (int64_t c = 0; c < nh; ++c) w.x[c] = never && never[c] ? -INFINITY : logits[c] / row.temperature;
+    for (int64_t j = 0; j < no; ++j) w.x[nh + j] = w.own[j] / row.temperature;
+    filter(w.x, row.top_k, row.top_p, row.min_p, row.vocab, w.filters);
+    if (!row.uniform) {
+        const int64_t c = coupled(w.x, row.noise_key, row.noise_at + s, head_ids, nh, row.own_ids);
+        return c < nh ? head_ids[c] : row.own_ids[c - nh];
+    }
+    softmax(w.x, w.filters);
+    float* probs = row.probs + s * row.vocab;
+    for (int64_t c = 0; c < nh + no; ++c) {
+        const int64_t id = c < nh ? head_ids[c] : row.own_ids[c - nh];
+        if (id < row.vocab) probs[id] = w.x[c];
+    }
+    const int64_t c = draw(w.x, row.uniform[s]);
+    return c < nh ? head_ids[c] : row.own_ids[c - nh];
 }
 
 }  // namespace
@@ -204,7 +211,8 @@ int draft_chain(const Layer* layers, int64_t num_layers, const Dims* dims, const
         ctx_slots.insert(ctx_slots.end(), rows[r].slots,
                          rows[r].slots + rows[r].position + rows[r].feed + rows[r].steps - 1);
     }
-    std::vector<float> h(most * hd), out(most * hd), last(num_rows * hd), logits(num_rows * head->n), own;
+    std::vector<float> h(most * hd), out(most * hd), last(num_rows * hd), logits(num_rows * head->n);
+    PickScratch scratch;
     std::vector<int64_t> who(num_rows), pos(most), slot(most), start(most), len(most);
     for (int64_t s = 0; s < steps; ++s) {
         const double t0 = omp_get_wtime();
@@ -230,8 +238,8 @@ int draft_chain(const Layer* layers, int64_t num_layers, const Dims* dims, const
         if (int rc = linear(*head, last.data(), n, hd, logits.data(), threads[s])) return rc;
         for (int64_t i = 0; i < n; ++i) {
             const ChainRow& row = rows[who[i]];
-            const int64_t token = pick(logits.data() + i * head->n, *head, head_ids, never, row,
-                                       last.data() + i * hd, hd, own, threads[s]);
+            const int64_t token = pick(logits.data() + i * head->n, *head, head_ids, never, row, s,
+                                       last.data() + i * hd, hd, scratch, threads[s]);
             if (token < 0) return 1;
             row.tokens[row.feed + s] = token;
         }

@@ -108,22 +108,23 @@ class FusedDecoder:
         return (embed is None or _embedding(embed, []) is not None) and all(_supported(h) for h in heads)
 
     def draft_chain(self, chains: list[DraftChain], embed: QuantLinear | torch.Tensor, head: QuantLinear | torch.Tensor,
-                    head_ids: torch.Tensor, never: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    head_ids: torch.Tensor, never: torch.Tensor, vocab: int, cos: torch.Tensor, sin: torch.Tensor,
                     kv_caches: list[tuple[torch.Tensor, torch.Tensor]], threads: list[int]
-                    ) -> tuple[list[list[int]], list[float]]:
-        """Each chain's greedy drafts, all in one C++ call (decoder.cpp's draft_chain): forward s runs
-        the chains with more than s steps through the layer loop (the first feeding each chain's
-        `feed`, every later one its last pick), scores each chain's last row with `head` (int64
-        `head_ids` its columns' tokens, uint8 `never` its never-sample columns) and the chain's own
-        tokens' rows, and picks as the Python side does. `threads`: each forward's thread count.
-        Returns each chain's `steps` picks and each forward's seconds."""
+                    ) -> tuple[list[list[int]], list[torch.Tensor | None], list[float]]:
+        """Each chain's drafts, all in one C++ call (decoder.cpp's draft_chain): forward s runs the
+        chains with more than s steps through the layer loop (the first feeding each chain's `feed`,
+        every later one its last pick), scores each chain's last row with `head` (int64 `head_ids` its
+        columns' tokens, uint8 `never` its never-sample columns) and the chain's own tokens' rows,
+        and picks (draft_pick.h). `vocab`: the width of a sampled chain's distributions. `threads`:
+        each forward's thread count. Returns each chain's `steps` picks, its distributions ([steps,
+        vocab], None for a greedy chain) and each forward's seconds."""
         self._bind(kv_caches)
         keep: list[object] = []
         table = _embedding(embed, keep)
         if table is None or head_ids.dtype != torch.int64 or never.dtype != torch.uint8:
             raise ValueError("draft_chain: unsupported embedding table or column arrays")
         rows = (ChainRow * len(chains))()
-        tokens = []
+        tokens, probs = [], []
         for row, c in zip(rows, chains):
             slots = c.slots.to(torch.int64).contiguous()
             if not c.feed or c.steps < 1 or slots.shape[0] < c.position + len(c.feed) + c.steps - 1:
@@ -132,10 +133,12 @@ class FusedDecoder:
             keep.append(slots)
             row.feed, row.steps, row.position = len(c.feed), c.steps, c.position
             row.slots, row.tokens = slots.data_ptr(), tokens[-1].data_ptr()
+            own = 0
             if c.own_head is not None:
                 row.own = describe_linear(c.own_head, None, keep)
                 keep.append(ids := c.own_ids.to(torch.int64).contiguous())
-                row.own_ids = ids.data_ptr()
+                row.own_ids, own = ids.data_ptr(), row.own.n
+            probs.append(self._sampled(row, c, vocab, keep) if c.temperature > 0 else None)
         steps = max(c.steps for c in chains)
         seconds = (ctypes.c_double * steps)()
         rc = kernel._lib().draft_chain(
@@ -144,7 +147,25 @@ class FusedDecoder:
             cos.data_ptr(), sin.data_ptr(), (ctypes.c_int * steps)(*threads), seconds)
         if rc != 0:
             raise RuntimeError("draft_chain: a layout is not supported by the kernel")
-        return [t[len(c.feed):].tolist() for t, c in zip(tokens, chains)], list(seconds)
+        return [t[len(c.feed):].tolist() for t, c in zip(tokens, chains)], probs, list(seconds)
+
+    @staticmethod
+    def _sampled(row: ChainRow, c: DraftChain, vocab: int, keep: list) -> torch.Tensor | None:
+        """A sampled chain's parameters into its row: its noise key (coupled) or its uniform draws;
+        returns the zeroed distributions a drawn chain fills."""
+        row.temperature, row.top_k, row.top_p, row.min_p, row.vocab = c.temperature, c.top_k, c.top_p, c.min_p, vocab
+        if (c.uniform is None) == (c.noise_key is None):
+            raise ValueError("draft_chain: a sampled chain is coupled (a noise key) or drawn (uniform draws)")
+        if c.noise_key is not None:
+            row.noise_key, row.noise_at = c.noise_key, c.noise_at
+            return None
+        uniform = c.uniform.to(torch.float64).contiguous()
+        if tuple(uniform.shape) != (c.steps,):
+            raise ValueError(f"draft_chain: a drawn chain needs {c.steps} uniform draws")
+        probs = torch.zeros(c.steps, vocab)
+        keep += [uniform, probs]
+        row.uniform, row.probs = uniform.data_ptr(), probs.data_ptr()
+        return probs
 
 
 def describe_linear(weight: QuantLinear | torch.Tensor, bias: torch.Tensor | None, keep: list) -> Linear:

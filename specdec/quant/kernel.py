@@ -61,7 +61,8 @@ class Dims(ctypes.Structure):
 
 class ChainRow(ctypes.Structure):
     _fields_ = [("feed", _i64), ("steps", _i64), ("position", _i64), ("slots", _ptr), ("tokens", _ptr), ("own", Linear),
-                ("own_ids", _ptr)]
+                ("own_ids", _ptr), ("temperature", _f32), ("top_p", _f32), ("min_p", _f32), ("top_k", _i64),
+                ("noise_key", _i64), ("noise_at", _i64), ("uniform", _ptr), ("probs", _ptr), ("vocab", _i64)]
 
 
 # every extern "C" function: name -> (result type, [(argument, type)]); pointers to data are void pointers

@@ -51,9 +51,12 @@ struct Dims {
     int kv_format;          // KV_FORMAT_*: the K/V caches' rows
 };
 
-// One request's greedy drafts (decoder.cpp's draft_chain): `steps` forwards, each picking one. The
-// first feeds tokens[0, feed) (what the draft's cache lacks) at positions position onwards, every
-// later one the last pick; pick s is written to tokens[feed + s].
+// One request's drafts (decoder.cpp's draft_chain): `steps` forwards, each picking one. The first
+// feeds tokens[0, feed) (what the draft's cache lacks) at positions position onwards, every later one
+// the last pick; pick s is written to tokens[feed + s]. The picks (draft_pick.h) are over the
+// candidates, the output layer's columns then the own tokens: greedy at temperature 0; else over the
+// processed logits (temperature, top-k, top-p, min-p, as logits_processors.py), the Gumbel-max with
+// the request's positional noise (coupled: no uniform draws), or drawn from their softmax q.
 struct ChainRow {
     int64_t feed;
     int64_t steps;
@@ -62,6 +65,15 @@ struct ChainRow {
     int64_t* tokens;        // [feed + steps]
     Linear own;             // the output layer's rows of the request's own tokens (n == 0: none)
     const int64_t* own_ids; // [own.n] their token ids
+    float temperature;
+    float top_p;
+    float min_p;
+    int64_t top_k;          // 0: off
+    int64_t noise_key;      // coupled: the request's noise key (sample/noise.py)
+    int64_t noise_at;       // coupled: the output position of pick 0
+    const double* uniform;  // drawn: [steps] uniform draws in [0, 1) of the request's generator (null: coupled)
+    float* probs;           // drawn: [steps, vocab] zeros; each pick's q is written at its candidates' ids
+    int64_t vocab;          // the sampled row's width (top-k applies below it; probs' width)
 };
 
 // K/V cache rows (kv_format.py): float32; float16 (IEEE half, rounded to nearest even); int8 codes then
@@ -112,11 +124,11 @@ int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, c
                     int64_t rows, const int64_t* positions, const int64_t* slot_mapping, int64_t num_real,
                     const int64_t* ctx_slots, const int64_t* ctx_start, const int64_t* ctx_len, const float* cos,
                     const float* sin, float* out, int threads);
-// The greedy draft chain: each forward embeds the rows' last tokens (`embed`: the table as a Part,
-// float32 or 8-bit codes or 4-bit codes in 32-value chunks), runs the layer loop, scores `head`
-// (columns `head_ids`, never-sample columns marked in `never`) and each row's own tokens, and picks
-// the first maximum as the Python side does. threads, seconds: [the longest row's steps], each
-// forward's thread count, and its time written. Returns 0, or nonzero on an unsupported layout.
+// The draft chain: each forward embeds the rows' tokens (`embed`: the table as a Part, float32 or
+// 8-bit codes or 4-bit codes in 32-value chunks), runs the layer loop, scores `head` (columns
+// `head_ids`, never-sample columns marked in `never`) and each row's own tokens at its last row, and
+// picks (draft_pick.h). threads, seconds: [the longest row's steps], each forward's thread count, and
+// its time written. Returns 0, or nonzero on an unsupported layout.
 int draft_chain(const Layer* layers, int64_t num_layers, const Dims* dims, const float* final_norm,
                 const Part* embed, const Linear* head, const int64_t* head_ids, const uint8_t* never,
                 ChainRow* rows, int64_t num_rows, const float* cos, const float* sin, const int* threads,

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from specdec.core.outputs import DraftChain, ModelRunnerOutput, SchedulerOutput
+from specdec.core.outputs import ChainOutput, DraftChain, ModelRunnerOutput, SchedulerOutput
 from specdec.models.llama import LlamaModel
 from specdec.quant import kv_format
 from specdec.quant.layers import pad_rows
@@ -86,11 +86,9 @@ class ModelRunner:
         return self.model.chain_ready(own_heads)
 
     @torch.inference_mode()
-    def draft_chain(self, chains: list[DraftChain], block_copies: list[tuple[int, int]]
-                    ) -> tuple[list[list[int]], list[tuple[int, float | None]]]:
-        """Greedy drafts (their slots allocated) in one C++ call, each forward on the tuner's thread
-        count for its rows. Returns each chain's picks and each forward's (rows, seconds), seconds
-        None where the tuner explored another count."""
+    def draft_chain(self, chains: list[DraftChain], block_copies: list[tuple[int, int]], vocab: int) -> ChainOutput:
+        """Drafts (their slots allocated) in one C++ call, each forward on the tuner's thread count for
+        its rows; a sampled chain's distributions `vocab` wide."""
         for src, dst in block_copies:
             self._copy_block(src, dst)
         rows = [sum(len(c.feed) for c in chains)]
@@ -101,13 +99,13 @@ class ModelRunner:
             width = len(self.model.vocab_ids) if self.never_sub is not None else self.model.cfg.vocab_size
             self._never_columns = torch.zeros(width, dtype=torch.uint8)
             self._never_columns[self.never_sub if self.never_sub is not None else self.never_sample] = 1
-        tokens, seconds = self.model.draft_chain(chains, self._never_columns, self.kv_caches, threads)
+        tokens, probs, seconds = self.model.draft_chain(chains, self._never_columns, vocab, self.kv_caches, threads)
         costs = []
         for n, used, fastest, s in zip(rows, threads, best, seconds):
             if self.tuner:
                 self.tuner.record(n, used, s)
             costs.append((n, None if fastest is not None and used != fastest else s))
-        return tokens, costs
+        return ChainOutput(tokens, probs, costs)
 
     def compute_logits(self, hidden: torch.Tensor, rows: list[int],
                        sub_vocab: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -154,15 +154,16 @@ class DraftModelProposer:
                      if req.grammar is not None}
             self._draft(active, drafts, probs, ahead, forward_costs)
         result = [DraftProposal([]) for _ in requests]
-        for i in drafts:
-            result[i] = DraftProposal(drafts[i], torch.stack(probs[i]) if probs[i] else None)
+        for i in drafts:  # one [k, vocab] tensor from the chain, else one row a position
+            q = probs[i][0] if len(probs[i]) == 1 and probs[i][0].dim() == 2 else torch.stack(probs[i]) if probs[i] else None
+            result[i] = DraftProposal(drafts[i], q)
         return Drafts(result, time.perf_counter() - t0, forward_costs)
 
     def _draft(self, active: list[tuple[int, Request, int]], drafts: dict[int, list[int]],
                probs: dict[int, list[torch.Tensor]], ahead: dict[int, Lookahead],
                forward_costs: list[tuple[int, float | None]]) -> None:
         """Autoregressive draft steps, all active requests in one forward each."""
-        if self._lean(active, ahead) and self._chain(active, drafts, forward_costs):
+        if self._chainable(active, ahead) and self._chain(active, drafts, probs, forward_costs):
             return
         step = 0
         while active:
@@ -194,15 +195,21 @@ class DraftModelProposer:
             # the last draft is never fed: its K/V would be computed by the next catch-up anyway
             active = [(i, req, k) for i, req, k in active if k > step and i not in ended]
 
+    def _chainable(self, active: list[tuple[int, Request, int]], ahead: dict[int, Lookahead]) -> bool:
+        """Whether every draft of this call can be picked on the C++ side: no grammar, bias or penalties
+        (greedy, Gumbel-coupled, or drawn from the processed distribution)."""
+        return all(not req.params.logit_bias and not req.params.needs_penalties and i not in ahead
+                   for i, req, _ in active)
+
     def _chain(self, active: list[tuple[int, Request, int]], drafts: dict[int, list[int]],
-               forward_costs: list[tuple[int, float | None]]) -> bool:
-        """Lean greedy drafts without returning here between them: one C++ call runs each position's
-        forward, output layer and pick (ModelRunner.draft_chain). False, having done nothing, where it
-        cannot run (a request scoring the whole vocabulary, a layout it lacks)."""
+               probs: dict[int, list[torch.Tensor]], forward_costs: list[tuple[int, float | None]]) -> bool:
+        """The drafts without returning here between them: one C++ call runs each position's forward,
+        output layer and pick (ModelRunner.draft_chain). False, having done nothing, where it cannot
+        run (a request scoring the whole vocabulary, a layout it lacks)."""
         vocab = self.request_vocab
-        if any(vocab.whole(req.request_id) for _, req, _ in active):
+        if vocab is not None and any(vocab.whole(req.request_id) for _, req, _ in active):
             return False
-        owns = [vocab.own_head(req.request_id) for _, req, _ in active]
+        owns = [vocab.own_head(req.request_id) if vocab is not None else (None, None) for _, req, _ in active]
         positions = [self.kv.num_slots.get(req.request_id, 0) for _, req, _ in active]
         feeds = [_tail(req, [], seen) for (_, req, _), seen in zip(active, positions)]
         if not all(feeds) or not self.runner.chain_ready([head for head, _ in owns if head is not None]):
@@ -214,12 +221,27 @@ class DraftModelProposer:
             self.kv.allocate(rid, len(feed) + k - 1)
             table = torch.tensor(self.kv.block_tables[rid], dtype=torch.int64)
             slots = (table[:, None] * self.kv.block_size + offsets).reshape(-1)[: position + len(feed) + k - 1]
-            chains.append(DraftChain(feed, k, position, slots, head, ids))
-        picks, costs = self.runner.draft_chain(chains, self.kv.take_pending_copies())
-        for (i, _, _), tokens in zip(active, picks):
+            chains.append(self._sampling(req, DraftChain(feed, k, position, slots, head, ids)))
+        out = self.runner.draft_chain(chains, self.kv.take_pending_copies(), self.vocab_size)
+        for (i, _, _), tokens, q in zip(active, out.tokens, out.probs):
             drafts[i].extend(tokens)
-        forward_costs.extend(costs)
+            if q is not None:
+                probs[i].append(q)
+        forward_costs.extend(out.forward_costs)
         return True
+
+    def _sampling(self, req: Request, chain: DraftChain) -> DraftChain:
+        """The chain's picks as `_sample` makes them: greedy, Gumbel-coupled with the request's noise,
+        or drawn from the processed distribution by uniform draws of the draft's generator for it."""
+        p = req.params
+        if p.greedy:
+            return chain
+        chain.temperature, chain.top_k, chain.top_p, chain.min_p = p.temperature, p.top_k, p.top_p, p.min_p
+        if req.noise_key is not None:
+            chain.noise_key, chain.noise_at = req.noise_key, len(req.output_token_ids)
+            return chain
+        chain.uniform = torch.rand(chain.steps, dtype=torch.float64, generator=self._generator(req))
+        return chain
 
     def _lean(self, active: list[tuple[int, Request, int]], ahead: dict[int, Lookahead]) -> bool:
         """Whether this forward's drafts are all plain greedy picks from a sub-vocabulary (no grammar,
@@ -256,11 +278,16 @@ class DraftModelProposer:
         if req.noise_key is not None:  # coupled: the target's noise at this position, no distribution needed
             return coupled_argmax(processed, req.noise_key, len(req.output_token_ids) + len(drafts)), None
         q = torch.softmax(processed.cpu(), dim=-1)  # on the CPU, as the engine's sampler: one stream per seed
-        g = self._generators.get(req.request_id)
-        if g is None:  # drafts get their own stream so a seed fixes them too
-            g = self._generators[req.request_id] = make_generator(None if p.seed is None else p.seed + 1)
-        noise = torch.empty_like(q).exponential_(generator=g)
+        noise = torch.empty_like(q).exponential_(generator=self._generator(req))
         return int(first_argmax(q / noise)), q
+
+    def _generator(self, req: Request) -> torch.Generator:
+        """The request's draft stream: its own, so that a seed fixes the drafts too."""
+        g = self._generators.get(req.request_id)
+        if g is None:
+            p = req.params
+            g = self._generators[req.request_id] = make_generator(None if p.seed is None else p.seed + 1)
+        return g
 
     def _seen(self, req: Request) -> tuple[int, list[int]]:
         """Tokens of the request the draft has K/V for, and (for a request it has no table for yet)
