@@ -335,13 +335,14 @@ def test_phase_timer_splits_a_call_into_self_times():
 def test_step_overhead_bench_parts_add_up_to_the_step(tiny_qwen, tiny_llama, tmp_path):
     from specdec.bench.step_overhead import FORWARDS, main as overhead
     out = tmp_path / "overhead.json"
-    assert overhead(["--model", str(tiny_qwen), "--draft", str(tiny_llama), "--arms", "plain,draft",
-                     "-k", "2", "--max-tokens", "12", "--out", str(out)]) == 0
+    assert overhead(["--model", str(tiny_qwen), "--draft", str(tiny_llama), "--arms", "plain,draft,draft_sampled",
+                     "-k", "2", "--max-tokens", "20", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 0
-    plain, draft = report["arms"]
-    assert (plain["arm"], plain["k"], draft["arm"], draft["k"]) == ("plain", 0, "draft", 2)
-    for r in (plain, draft):
+    plain, draft, sampled = report["arms"]
+    assert (plain["arm"], plain["k"], draft["arm"], draft["k"], sampled["arm"]) == ("plain", 0, "draft", 2,
+                                                                                   "draft_sampled")
+    for r in (plain, draft, sampled):
         assert r["steps"] >= 5 and 0.0 < r["overhead_share_median"] < 1.0
         parts = r["parts_ms_per_step"]
         wall = sum(s["wall_seconds"] for s in r["per_step"])
@@ -349,7 +350,10 @@ def test_step_overhead_bench_parts_add_up_to_the_step(tiny_qwen, tiny_llama, tmp
         assert sum(parts.values()) == pytest.approx(1e3 * r["step_seconds_total"] / r["steps"], rel=1e-6)
         assert sum(ms for n, ms in parts.items() if n not in FORWARDS) == pytest.approx(
             1e3 * r["overhead_seconds_total"] / r["steps"], rel=1e-6)
-    assert "draft forward" in draft["parts_ms_per_step"] and "draft forward" not in plain["parts_ms_per_step"]
+    # the drafts, greedy or sampled, in one C++ call a step (the draft chain)
+    chain = "draft chain (forwards, output layers, picks)"
+    assert chain in draft["parts_ms_per_step"] and chain in sampled["parts_ms_per_step"]
+    assert not any(n.startswith("draft") for n in plain["parts_ms_per_step"])
 
 
 def test_first_argmax_is_torchs():

@@ -3,6 +3,7 @@
 Arms, each its own engine, run one after the other:
 - plain: one greedy request of the code_gen set, no speculation;
 - draft: the same request with the draft model at a fixed k (every step drafts);
+- draft_sampled: the same, sampled (temperature 0.7, top-p 0.95, seed 0, Gumbel-coupled as by default);
 - suffix_batch: 8 sampled requests (temperature 0.8, top-p 0.95, seeds 0-7) of the code-editing set
   with suffix drafts up to 16, where lookups hit and the verifier's vectorised path carries the load.
 Every part of a step is a wrapped call timed by its self time (bench/phase_timer.py), so the parts
@@ -25,7 +26,8 @@ from pathlib import Path
 import torch
 
 from specdec.bench.phase_timer import PhaseTimer
-from specdec.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from specdec.config import (CacheConfig, ControllerConfig, EngineConfig, ModelConfig, SchedulerConfig,
+                            SpeculativeConfig)
 from specdec.engine import LLMEngine
 from specdec.extras import require_plotting
 from specdec.fileio import atomic_write_text
@@ -33,7 +35,7 @@ from specdec.prompts import read_set
 from specdec.request import SpecOptions
 from specdec.sampling_params import SamplingParams
 
-ARMS = ("plain", "draft", "suffix_batch")
+ARMS = ("plain", "draft", "draft_sampled", "suffix_batch")
 # a greedy draft's positions past the first run in one C++ call (ModelRunner.draft_chain): its forwards,
 # output layers and picks, timed as one part
 FORWARDS = ("target forward", "target output layer", "draft forward", "draft output layer",
@@ -42,9 +44,10 @@ FORWARDS = ("target forward", "target output layer", "draft forward", "draft out
 
 def _engine(arm: str, target: str, draft: str, k: int) -> LLMEngine:
     batch = 8 if arm == "suffix_batch" else 1
-    spec = {"plain": None,
-            "draft": SpeculativeConfig(method="draft_model", draft_model=draft, num_speculative_tokens=k,
-                                       policy="fixed"),
+    # the draft arms draft every step: no health check falls back to plain decoding
+    drafting = SpeculativeConfig(method="draft_model", draft_model=draft, num_speculative_tokens=k, policy="fixed",
+                                 controller=ControllerConfig(acceptance_threshold=0.0))
+    spec = {"plain": None, "draft": drafting, "draft_sampled": drafting,
             "suffix_batch": SpeculativeConfig(method="suffix", num_speculative_tokens=min(k, 16))}[arm]
     config = EngineConfig(model=ModelConfig(model=target),
                           cache=CacheConfig(target_cache_blocks=batch * 64),
@@ -56,7 +59,8 @@ def _engine(arm: str, target: str, draft: str, k: int) -> LLMEngine:
 def _requests(engine: LLMEngine, arm: str, max_tokens: int, k: int) -> None:
     if arm != "suffix_batch":
         ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": read_set("code_gen")[0]}])
-        engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+        sampled = {"temperature": 0.7, "top_p": 0.95, "seed": 0} if arm == "draft_sampled" else {}
+        engine.add_request(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampled))
         return
     texts = read_set("code_edit")
     for i in range(8):
