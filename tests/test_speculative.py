@@ -2,6 +2,8 @@
 stops inside accepted blocks, seeds, penalties, proposer failures, and the controller's policies."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from conftest import cpu_precision, engine_config
 
@@ -435,7 +437,7 @@ def test_greedy_drafts_from_a_subvocab_are_the_picks_over_the_whole_row(tiny_qwe
             return drafts
         proposer.propose = recorded
         if mode != "chain":
-            proposer.runner.chain_ready = lambda heads: False
+            proposer.runner.model.options = dataclasses.replace(proposer.runner.model.options, draft_chain=False)
         if mode == "whole row":
             proposer._lean = lambda *a: False
         chained, draft_chain = [], proposer.runner.draft_chain
@@ -490,7 +492,7 @@ def test_the_draft_chain_proposes_what_one_forward_a_position_does(tiny_qwen, ti
         speculator = LLM(config=cfg, progress=False).engine.speculator
         proposer = speculator.proposers[speculator.default_id]
         if not chain:
-            proposer.runner.chain_ready = lambda heads: False
+            proposer.runner.model.options = dataclasses.replace(proposer.runner.model.options, draft_chain=False)
         calls, draft_chain = [], proposer.runner.draft_chain
         proposer.runner.draft_chain = lambda *a, f=draft_chain, calls=calls: calls.append(a) or f(*a)
         outside = torch.ones(proposer.vocab_size, dtype=torch.bool)
@@ -527,7 +529,7 @@ def _chain_proposers(tiny_qwen, tiny_llama, coupling: str, k: int) -> dict[bool,
         proposers[chain] = speculator.proposers[speculator.default_id]
         runner = proposers[chain].runner
         if not chain:
-            runner.chain_ready = lambda heads: False
+            runner.model.options = dataclasses.replace(runner.model.options, draft_chain=False)
         runner.chained, draft_chain = [], runner.draft_chain
         runner.draft_chain = lambda *a, f=draft_chain, seen=runner.chained: seen.append(a) or f(*a)
     return proposers
@@ -560,7 +562,8 @@ def test_drafts_drawn_in_the_chain_follow_the_distribution_it_returns(tiny_qwen,
         qs[chain] = drafts.proposals[0].probs
         proposer.free("q")
     assert qs[True].shape == qs[False].shape == (2, proposers[True].vocab_size)
-    assert torch.allclose(qs[True][0], qs[False][0], atol=1e-6) and qs[True][0].sum().item() == pytest.approx(1, abs=1e-5)
+    assert torch.allclose(qs[True][0], qs[False][0], atol=1e-6)
+    assert qs[True][0].sum().item() == pytest.approx(1, abs=1e-5)
     proposer, q, n = proposers[True], qs[True][0], 1500
     counts = collections.Counter()
     for seed in range(n):

@@ -44,6 +44,13 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-chain-xeon-emr": ("2026-12-06", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon with a "
+                             "draft's positions in one C++ call (the draft chain): plain, the draft model under "
+                             "the cost model, the hybrid, llama.cpp and OpenVINO GenAI's speculation on code, "
+                             "chat and prose"),
+    "bench-step-overhead-chain-xeon-emr": ("2026-12-06", "xeon-emr", "the step outside the forwards on an Emerald "
+                                           "Rapids Xeon: plain, and the draft model greedy and sampled, with the "
+                                           "draft chain and without it (one round trip a position)"),
     "bench-steps-prefetch-xeon-emr": ("2026-12-06", "xeon-emr", "the three prices on an Emerald Rapids Xeon "
                                       "with the tiles' streams asked for ahead (L1 and L2) and the read peak "
                                       "measured as the kernels stream, beside llama.cpp, 1 to 256 rows"),

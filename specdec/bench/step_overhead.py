@@ -4,6 +4,8 @@ Arms, each its own engine, run one after the other:
 - plain: one greedy request of the code_gen set, no speculation;
 - draft: the same request with the draft model at a fixed k (every step drafts);
 - draft_sampled: the same, sampled (temperature 0.7, top-p 0.95, seed 0, Gumbel-coupled as by default);
+- draft_loop, draft_sampled_loop: the two with the draft chain off (`KernelOptions.draft_chain`): one
+  engine round trip a draft position, each pick on the Python side;
 - suffix_batch: 8 sampled requests (temperature 0.8, top-p 0.95, seeds 0-7) of the code-editing set
   with suffix drafts up to 16, where lookups hit and the verifier's vectorised path carries the load.
 Every part of a step is a wrapped call timed by its self time (bench/phase_timer.py), so the parts
@@ -16,6 +18,7 @@ self time per step) and a PNG of the parts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -35,7 +38,7 @@ from specdec.prompts import read_set
 from specdec.request import SpecOptions
 from specdec.sampling_params import SamplingParams
 
-ARMS = ("plain", "draft", "draft_sampled", "suffix_batch")
+ARMS = ("plain", "draft", "draft_sampled", "draft_loop", "draft_sampled_loop", "suffix_batch")
 # a greedy draft's positions past the first run in one C++ call (ModelRunner.draft_chain): its forwards,
 # output layers and picks, timed as one part
 FORWARDS = ("target forward", "target output layer", "draft forward", "draft output layer",
@@ -47,19 +50,25 @@ def _engine(arm: str, target: str, draft: str, k: int) -> LLMEngine:
     # the draft arms draft every step: no health check falls back to plain decoding
     drafting = SpeculativeConfig(method="draft_model", draft_model=draft, num_speculative_tokens=k, policy="fixed",
                                  controller=ControllerConfig(acceptance_threshold=0.0))
-    spec = {"plain": None, "draft": drafting, "draft_sampled": drafting,
-            "suffix_batch": SpeculativeConfig(method="suffix", num_speculative_tokens=min(k, 16))}[arm]
+    spec = {"plain": None, "suffix_batch": SpeculativeConfig(method="suffix", num_speculative_tokens=min(k, 16))}
+    spec = spec[arm] if arm in spec else drafting
     config = EngineConfig(model=ModelConfig(model=target),
                           cache=CacheConfig(target_cache_blocks=batch * 64),
                           scheduler=SchedulerConfig(max_batch_size=batch, max_num_batched_tokens=4096),
                           speculative=spec)
-    return LLMEngine(config, progress=False)
+    engine = LLMEngine(config, progress=False)
+    if arm.endswith("_loop"):
+        for proposer in engine.speculator.proposers.values():
+            runner = getattr(proposer, "runner", None)  # the draft model's (n-gram lookups have none)
+            if runner is not None:
+                runner.model.options = dataclasses.replace(runner.model.options, draft_chain=False)
+    return engine
 
 
 def _requests(engine: LLMEngine, arm: str, max_tokens: int, k: int) -> None:
     if arm != "suffix_batch":
         ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": read_set("code_gen")[0]}])
-        sampled = {"temperature": 0.7, "top_p": 0.95, "seed": 0} if arm == "draft_sampled" else {}
+        sampled = {"temperature": 0.7, "top_p": 0.95, "seed": 0} if arm.startswith("draft_sampled") else {}
         engine.add_request(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampled))
         return
     texts = read_set("code_edit")

@@ -198,7 +198,7 @@ class LlamaModel:
             fused = self._fused_decoder() if self._kernels() else None
             self._chain_ready = (fused is not None and self.row_align == 1
                                  and fused.chain_supported(self.w["embed"], [self.lm_head]))
-        return self._chain_ready and FusedDecoder.chain_supported(None, own_heads)
+        return self.options.draft_chain and self._chain_ready and FusedDecoder.chain_supported(None, own_heads)
 
     def draft_chain(self, chains: list[DraftChain], never: torch.Tensor, vocab: int,
                     kv_caches: list[tuple[torch.Tensor, torch.Tensor]], threads: list[int]

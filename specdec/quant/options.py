@@ -17,6 +17,7 @@ class KernelOptions:
     dense: bool = True          # float32 linear layers on specdec's dense kernel (off: MKL in row blocks)
     layer_ops: bool = True      # RMSNorm, RoPE, SwiGLU's activation (layer_ops.cpp) and attention (attention.cpp)
     fused_decoder: bool = True  # with the layer ops, the whole layer loop in one C++ call (decoder.py)
+    draft_chain: bool = True    # with the fused decoder, a draft's positions and picks in one C++ call (decoder.py)
 
 
 def dense_kernel(device: torch.device, options: KernelOptions) -> bool:

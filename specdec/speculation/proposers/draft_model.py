@@ -154,8 +154,8 @@ class DraftModelProposer:
                      if req.grammar is not None}
             self._draft(active, drafts, probs, ahead, forward_costs)
         result = [DraftProposal([]) for _ in requests]
-        for i in drafts:  # one [k, vocab] tensor from the chain, else one row a position
-            q = probs[i][0] if len(probs[i]) == 1 and probs[i][0].dim() == 2 else torch.stack(probs[i]) if probs[i] else None
+        for i in drafts:  # [k, vocab]: one piece from the chain, else a row a position
+            q = None if not probs[i] else probs[i][0] if len(probs[i]) == 1 else torch.cat(probs[i])
             result[i] = DraftProposal(drafts[i], q)
         return Drafts(result, time.perf_counter() - t0, forward_costs)
 
@@ -188,7 +188,7 @@ class DraftModelProposer:
                 token, q = self._sample(req, out.logits[row, : self.vocab_size], drafts[i], ahead.get(i))
                 drafts[i].append(token)
                 if q is not None:
-                    probs[i].append(q)
+                    probs[i].append(q[None])
                 if i in ahead and not ahead[i].advance([token]):  # the next draft's mask follows this one
                     ended.add(i)
             step += 1
