@@ -1,9 +1,10 @@
 """`python -m specdec.bench.step_overhead`: how much of an engine step is not model forwards, and where it goes.
 
 Arms, each its own engine, run one after the other:
-- plain: one greedy request of the code_gen set, no speculation;
+- plain: one greedy request of the code_gen set, no speculation; plain_sampled: the same sampled
+  (temperature 0.7, top-p 0.95, seed 0, Gumbel-coupled as by default);
 - draft: the same request with the draft model at a fixed k (every step drafts);
-- draft_sampled: the same, sampled (temperature 0.7, top-p 0.95, seed 0, Gumbel-coupled as by default);
+- draft_sampled: the same, sampled as plain_sampled;
 - draft_loop, draft_sampled_loop: the two with the draft chain off (`KernelOptions.draft_chain`): one
   engine round trip a draft position, each pick on the Python side;
 - suffix_batch: 8 sampled requests (temperature 0.8, top-p 0.95, seeds 0-7) of the code-editing set
@@ -38,7 +39,7 @@ from specdec.prompts import read_set
 from specdec.request import SpecOptions
 from specdec.sampling_params import SamplingParams
 
-ARMS = ("plain", "draft", "draft_sampled", "draft_loop", "draft_sampled_loop", "suffix_batch")
+ARMS = ("plain", "plain_sampled", "draft", "draft_sampled", "draft_loop", "draft_sampled_loop", "suffix_batch")
 # a greedy draft's positions past the first run in one C++ call (ModelRunner.draft_chain): its forwards,
 # output layers and picks, timed as one part
 FORWARDS = ("target forward", "target output layer", "draft forward", "draft output layer",
@@ -50,7 +51,8 @@ def _engine(arm: str, target: str, draft: str, k: int) -> LLMEngine:
     # the draft arms draft every step: no health check falls back to plain decoding
     drafting = SpeculativeConfig(method="draft_model", draft_model=draft, num_speculative_tokens=k, policy="fixed",
                                  controller=ControllerConfig(acceptance_threshold=0.0))
-    spec = {"plain": None, "suffix_batch": SpeculativeConfig(method="suffix", num_speculative_tokens=min(k, 16))}
+    spec = {"plain": None, "plain_sampled": None,
+            "suffix_batch": SpeculativeConfig(method="suffix", num_speculative_tokens=min(k, 16))}
     spec = spec[arm] if arm in spec else drafting
     config = EngineConfig(model=ModelConfig(model=target),
                           cache=CacheConfig(target_cache_blocks=batch * 64),
@@ -68,7 +70,7 @@ def _engine(arm: str, target: str, draft: str, k: int) -> LLMEngine:
 def _requests(engine: LLMEngine, arm: str, max_tokens: int, k: int) -> None:
     if arm != "suffix_batch":
         ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": read_set("code_gen")[0]}])
-        sampled = {"temperature": 0.7, "top_p": 0.95, "seed": 0} if arm.startswith("draft_sampled") else {}
+        sampled = {"temperature": 0.7, "top_p": 0.95, "seed": 0} if "sampled" in arm else {}
         engine.add_request(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampled))
         return
     texts = read_set("code_edit")
@@ -148,7 +150,7 @@ def _summary(arm: str, engine: LLMEngine, k: int, max_tokens: int, decode: list[
     parts = {n: sum(s["parts"].get(n, 0.0) for s in decode) for n in names}
     stats = engine.stats().counters
     return {"arm": arm, "model": engine.config.model.model, "precision": engine.precision,
-            "k": k if arm != "plain" else 0, "max_tokens": max_tokens, "steps": len(decode),
+            "k": 0 if arm.startswith("plain") else k, "max_tokens": max_tokens, "steps": len(decode),
             "step_ms_median": 1e3 * statistics.median(s["seconds"] for s in decode),
             "overhead_share_median": statistics.median(share),
             "overhead_share_min": min(share), "overhead_share_max": max(share),

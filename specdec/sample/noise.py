@@ -23,7 +23,6 @@ from specdec.sample.sampler import first_argmax
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)   # SplitMix64's constants, as signed int64 (torch multiplies wrap)
 _M2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
-_CACHED_ROWS = 256   # a step's draft and target rows share one computation (batch 8 x k 8 + bonus rows)
 
 
 def noise_key(seed: int, choice: int = 0) -> int:
@@ -34,20 +33,40 @@ def noise_key(seed: int, choice: int = 0) -> int:
 
 
 def gumbel(key: int, position: int, vocab: int) -> torch.Tensor:
-    """G [vocab] float32 for output position `position` (read-only: shared between the draft and the
-    verifier of one step)."""
-    return _gumbel(key, position, vocab)
-
-
-def gumbel_rows(key: int, start: int, n: int, vocab: int) -> torch.Tensor:
-    """[n, vocab]: positions start .. start + n - 1."""
-    return torch.stack([_gumbel(key, start + j, vocab) for j in range(n)])
+    """G [vocab] float32 for output position `position`."""
+    return gumbel_table(torch.tensor([key]), torch.tensor([position]), vocab)[0]
 
 
 def coupled_argmax(logits: torch.Tensor, key: int, position: int) -> int:
     """The Gumbel-max token of processed logits (temperature and filters applied; -inf is excluded)."""
-    vocab = logits.shape[-1]
-    return int(first_argmax(logits.float().cpu() + _gumbel(key, position, vocab)))
+    return int(first_argmax(add_gumbel_(logits.float().cpu().clone(), key, position)))
+
+
+GUMBEL_MAX = 37.5  # G's largest value is at v = 2^-54: -log(-log1p(-2^-54)) = 54 ln 2 = 37.43
+
+
+def gumbel_at(key: int, position: int, ids: torch.Tensor) -> torch.Tensor:
+    """G at the given token ids (int64 [n]) of output position `position`: bitwise gumbel(key,
+    position, vocab)[ids], the same elementwise computation on fewer elements."""
+    base = _mix(torch.tensor([key]) ^ _mix(torch.tensor([position])))
+    bits = _mix(base + (ids + 1) * _GOLDEN)
+    v = ((_shift(bits, 11).double() + 0.5) * 2.0 ** -53).float()
+    return torch.log1p(-v).neg_().log_().neg_()
+
+
+def add_gumbel_(row: torch.Tensor, key: int, position: int) -> torch.Tensor:
+    """A processed row [vocab] (float32, CPU) -> its Gumbel-max form, in place: row + G where that sum
+    can be the largest, -inf elsewhere, so its first argmax is that of row + gumbel(key, position,
+    vocab). Once the largest logit has its G, a value more than GUMBEL_MAX below that sum cannot win:
+    only values within that range get theirs (a handful after top-p or top-k, 152k noise values
+    otherwise)."""
+    top = int(first_argmax(row))
+    best = row[top: top + 1] + gumbel_at(key, position, torch.tensor([top]))
+    if bool(torch.isnan(best) | torch.isposinf(best)):  # NaN or infinite logits: every value gets its noise
+        return row.add_(gumbel(key, position, row.shape[-1]))
+    ids = (row > best - GUMBEL_MAX).nonzero()[:, 0]  # -inf where G at the top is -inf: every finite value
+    values = row[ids] + gumbel_at(key, position, ids)
+    return row.fill_(float("-inf")).index_copy_(0, ids, values)
 
 
 def gumbel_table(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -57,11 +76,6 @@ def gumbel_table(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> tor
     bits = _mix(base[:, None] + _counters(vocab))
     v = ((_shift(bits, 11).double() + 0.5) * 2.0 ** -53).float()
     return torch.log1p(-v).neg_().log_().neg_()
-
-
-@functools.lru_cache(maxsize=_CACHED_ROWS)
-def _gumbel(key: int, position: int, vocab: int) -> torch.Tensor:
-    return gumbel_table(torch.tensor([key]), torch.tensor([position]), vocab)[0]
 
 
 @functools.lru_cache(maxsize=4)

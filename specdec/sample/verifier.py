@@ -21,12 +21,12 @@ import torch
 from specdec.core.outputs import DraftBatch, ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 from specdec.request import Request
 from specdec.sample.logits_processors import RowGroup, process_rows
-from specdec.sample.noise import gumbel_rows
+from specdec.sample.noise import add_gumbel_
 from specdec.sample.rejection_sampler import rejection_sample
 from specdec.sample.sampler import first_argmax, make_generator
 
 Sampler = Callable[..., tuple[list[list[int]], torch.Tensor]]
-Noise = Callable[[int, int, int, int], torch.Tensor]   # (key, first position, rows, vocab) -> [rows, vocab]
+Noise = Callable[[torch.Tensor, int, int], torch.Tensor]   # (row, key, position) -> the row with its noise, in place
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Verified:
 
 
 class Verifier:
-    def __init__(self, sampler: Sampler = rejection_sample, noise: Noise = gumbel_rows) -> None:
+    def __init__(self, sampler: Sampler = rejection_sample, noise: Noise = add_gumbel_) -> None:
         """`sampler`, `noise`: the rejection sampler and the coupling's noise (tests inject broken ones
         to show a check has power)."""
         self.sampler, self.noise = sampler, noise
@@ -86,13 +86,18 @@ class Verifier:
         return req.grammar.mask_rows(rows, chunk.draft_token_ids)
 
     def _couple(self, logits: torch.Tensor, chunks: list[ScheduledChunk], reqs: list[Request]) -> None:
-        """Coupled requests' processed rows += the Gumbel noise of their output positions (row j of a
-        request is the token after its output and drafts[:j]), in place."""
+        """Coupled requests' processed rows in their Gumbel-max form (`noise.add_gumbel_`: the noise of
+        their output positions added where it can win; row j of a request is the token after its
+        output and drafts[:j]), in place."""
         start = 0
         for c, req in zip(chunks, reqs):
             if req.noise_key is not None and not req.params.greedy:
-                rows = logits[start:start + c.num_logits]
-                rows += self.noise(req.noise_key, len(req.output_token_ids), c.num_logits, rows.shape[-1]).to(rows.device)
+                for j in range(c.num_logits):
+                    row = logits[start + j]
+                    host = row.cpu()  # the row itself on a CPU
+                    self.noise(host, req.noise_key, len(req.output_token_ids) + j)
+                    if host is not row:
+                        row.copy_(host)
             start += c.num_logits
 
     def _randomness(self, reqs: list[Request], num_drafts: list[int], as_greedy: list[bool]
