@@ -137,6 +137,24 @@ def test_controller_k_follows_acceptance_under_static_costs():
     assert [c.next_k("r", 10 + i, 1) for i in range(5)] == [0] * 5
 
 
+@pytest.mark.parametrize("explore", [True, False])
+def test_a_position_verified_once_badly_is_drafted_again(monkeypatch, explore):
+    """One rejection of the second draft at a request's first step must not hold k at 1 for good (its
+    drafts would stop before that position, which would never be verified again): k is chosen on the
+    upper bound of a position its domain verified fewer than EXPLORE_TRIALS times."""
+    from specdec.speculation import controller
+    if not explore:  # without it: stuck at one draft a step, every one of them accepted
+        monkeypatch.setattr(controller, "EXPLORE_TRIALS", 0.0)
+    c = _controller(k=4, deterministic=True, draft_cost_ratio=0.1)
+    c.next_k("r", 0, 1, domain="code_gen")
+    c.observe("r", 4, 1)   # the first draft kept, the second rejected
+    ks = []
+    for i in range(12):
+        ks.append(c.next_k("r", 10 + i, 1))
+        c.observe("r", ks[-1], ks[-1])   # every draft kept from now on
+    assert ks == ([4] * 12 if explore else [1] * 12)
+
+
 def test_controller_min_gain_boundary():
     """One draft whose cost makes it save 5% a token: speculate under min_gain 0.04, not under 0.06."""
     a = (3 + 2 * (_DOMAIN_TRIALS + 0.6) / (_DOMAIN_TRIALS + 1)) / 5

@@ -70,6 +70,7 @@ log = logging.getLogger("specdec.speculation")
 # comment inside code, a list in prose), so a few steps can lose by chance in a request that wins
 _REALIZED_WINDOW = 12
 _HEURISTIC_WINDOW = 10    # drafting steps the heuristic policy's rate is taken over
+EXPLORE_TRIALS = 2.0      # a draft position's verifications in its domain before k is chosen on its estimate
 
 
 @dataclass
@@ -137,8 +138,12 @@ class SpecController:
             counts = self.domain_counts[domain] = PositionAcceptance(self.max_k, ENGINE_ACCEPTANCE)
         return counts
 
-    def acceptance(self, request_id: str) -> list[float]:
-        """Estimated acceptance at each draft position, given the position is reached."""
+    def acceptance(self, request_id: str, optimistic: bool = False) -> list[float]:
+        """Estimated acceptance at each draft position, given the position is reached. `optimistic`: a
+        position its domain has verified fewer than EXPLORE_TRIALS times counts at its upper bound
+        (choosing k): drafts stop before a position whose few verifications went badly (one
+        rejection at a request's first step), so it would never be verified again, and k would stay
+        below it for good."""
         st = self._state(request_id)
         domain = self._counts(st.domain).positions
         out: list[float] = []
@@ -151,7 +156,10 @@ class SpecController:
                 prior = everywhere.estimate(PRIOR_ACCEPTANCE)
             else:
                 prior = out[-1] if out else PRIOR_ACCEPTANCE
-            out.append(own.estimate(prior))
+            rate = own.estimate(prior)
+            if optimistic and 1.0 <= domain[j].trials < EXPLORE_TRIALS:
+                rate = max(rate, domain[j].upper_bound(PRIOR_ACCEPTANCE))
+            out.append(rate)
         return out
 
     # ---- decisions ----------------------------------------------------------------------------
@@ -232,7 +240,7 @@ class SpecController:
     def _best_k(self, request_id: str, batch_size: int) -> tuple[int, list[float]]:
         """The k with the highest expected tokens per second, and seconds per token for every k."""
         costs = [self._step_cost(k, batch_size) for k in range(self.max_k + 1)]
-        return best_k(self.acceptance(request_id), costs, self.config.controller.min_gain)
+        return best_k(self.acceptance(request_id, optimistic=True), costs, self.config.controller.min_gain)
 
     def _unit(self, batch_size: int) -> float | None:
         """Seconds of one plain target step at this batch size, once measured."""
