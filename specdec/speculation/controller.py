@@ -140,10 +140,10 @@ class SpecController:
 
     def acceptance(self, request_id: str, optimistic: bool = False) -> list[float]:
         """Estimated acceptance at each draft position, given the position is reached. `optimistic`: a
-        position its domain has verified fewer than EXPLORE_TRIALS times counts at its upper bound
-        (choosing k): drafts stop before a position whose few verifications went badly (one
-        rejection at a request's first step), so it would never be verified again, and k would stay
-        below it for good."""
+        position its domain has verified fewer than EXPLORE_TRIALS times counts at its upper bound,
+        at most the position before's (choosing k): drafts stop before a position whose few
+        verifications went badly (one rejection at a request's first step), so it would never be
+        verified again, and k would stay below it for good."""
         st = self._state(request_id)
         domain = self._counts(st.domain).positions
         out: list[float] = []
@@ -157,8 +157,8 @@ class SpecController:
             else:
                 prior = out[-1] if out else PRIOR_ACCEPTANCE
             rate = own.estimate(prior)
-            if optimistic and 1.0 <= domain[j].trials < EXPLORE_TRIALS:
-                rate = max(rate, domain[j].upper_bound(PRIOR_ACCEPTANCE))
+            if optimistic and 1.0 <= domain[j].trials < EXPLORE_TRIALS:  # no higher than the position before
+                rate = max(rate, min(domain[j].upper_bound(PRIOR_ACCEPTANCE), out[-1] if out else 1.0))
             out.append(rate)
         return out
 
