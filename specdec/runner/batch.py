@@ -29,6 +29,12 @@ def _offsets(block_size: int) -> np.ndarray:
     return np.arange(block_size, dtype=np.int64)
 
 
+def context_slots(block_ids: list[int], block_size: int, length: int) -> np.ndarray:
+    """The cache slots of a context's first `length` tokens: every slot of its blocks, in order."""
+    table = np.asarray(block_ids, dtype=np.int64)
+    return (table[:, None] * block_size + _offsets(block_size)).reshape(-1)[:length]
+
+
 def build_batch(chunks: list[ScheduledChunk], block_size: int, align: int, device: torch.device) -> ForwardBatch:
     """The flat rows of `chunks` (one after another), padded to a multiple of `align` rows; each
     token's cache slot comes from its request's block table (`block_size` slots a block). The index
@@ -40,13 +46,10 @@ def build_batch(chunks: list[ScheduledChunk], block_size: int, align: int, devic
     seqs: list[SeqAttention] = []
     logit_rows: list[int] = []
     cu = [0]
-    offsets = _offsets(block_size)
     for chunk in chunks:
         n = len(chunk.token_ids)
         start = chunk.start_position
-        # every slot of the table's blocks, in order, then the context's first start + n of them
-        table = np.asarray(chunk.block_ids, dtype=np.int64)
-        ctx_slots = (table[:, None] * block_size + offsets).reshape(-1)[: start + n]
+        ctx_slots = context_slots(chunk.block_ids, block_size, start + n)
         seqs.append(SeqAttention(len(ids), n, start, torch.from_numpy(ctx_slots).to(device)))
         slots.append(ctx_slots[start:])
         logit_rows.extend(range(len(ids) + n - chunk.num_logits, len(ids) + n))

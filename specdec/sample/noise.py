@@ -48,10 +48,7 @@ GUMBEL_MAX = 37.5  # G's largest value is at v = 2^-54: -log(-log1p(-2^-54)) = 5
 def gumbel_at(key: int, position: int, ids: torch.Tensor) -> torch.Tensor:
     """G at the given token ids (int64 [n]) of output position `position`: bitwise gumbel(key,
     position, vocab)[ids], the same elementwise computation on fewer elements."""
-    base = _mix(torch.tensor([key]) ^ _mix(torch.tensor([position])))
-    bits = _mix(base + (ids + 1) * _GOLDEN)
-    v = ((_shift(bits, 11).double() + 0.5) * 2.0 ** -53).float()
-    return torch.log1p(-v).neg_().log_().neg_()
+    return _from_counters(_mix(torch.tensor([key]) ^ _mix(torch.tensor([position]))), (ids + 1) * _GOLDEN)
 
 
 def add_gumbel_(row: torch.Tensor, key: int, position: int) -> torch.Tensor:
@@ -72,8 +69,13 @@ def add_gumbel_(row: torch.Tensor, key: int, position: int) -> torch.Tensor:
 def gumbel_table(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
     """[n, vocab]: row r is G for key keys[r] at position positions[r] (int64 tensors [n]); the one
     computation behind every row, vectorized for simulations."""
-    base = _mix(keys ^ _mix(positions))
-    bits = _mix(base[:, None] + _counters(vocab))
+    return _from_counters(_mix(keys ^ _mix(positions))[:, None], _counters(vocab))
+
+
+def _from_counters(base: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """G from base(key, position) + (id + 1) * golden, elementwise: SplitMix64's output function, its
+    top 53 bits as v in (0, 1), then -log(-log1p(-v)) in float32."""
+    bits = _mix(base + counters)
     v = ((_shift(bits, 11).double() + 0.5) * 2.0 ** -53).float()
     return torch.log1p(-v).neg_().log_().neg_()
 

@@ -26,6 +26,7 @@ from specdec.models.llama import LlamaModel
 from specdec.models.registry import default_draft
 from specdec.models.loader import LoadedModel, load_model
 from specdec.request import Request
+from specdec.runner.batch import context_slots
 from specdec.runner.model_runner import ModelRunner, kv_cache_dtype
 from specdec.runner.threads import ThreadTuner, thread_tuner
 from specdec.sample.logits_processors import process_logits
@@ -215,13 +216,11 @@ class DraftModelProposer:
         if not all(feeds) or not self.runner.chain_ready([head for head, _ in owns if head is not None]):
             return False
         chains = []
-        offsets = torch.arange(self.kv.block_size)
         for (i, req, k), (head, ids), position, feed in zip(active, owns, positions, feeds):
             rid = req.request_id
             self.kv.allocate(rid, len(feed) + k - 1)
-            table = torch.tensor(self.kv.block_tables[rid], dtype=torch.int64)
-            slots = (table[:, None] * self.kv.block_size + offsets).reshape(-1)[: position + len(feed) + k - 1]
-            chains.append(self._sampling(req, DraftChain(feed, k, position, slots, head, ids)))
+            slots = context_slots(self.kv.block_tables[rid], self.kv.block_size, position + len(feed) + k - 1)
+            chains.append(self._sampling(req, DraftChain(feed, k, position, torch.from_numpy(slots), head, ids)))
         out = self.runner.draft_chain(chains, self.kv.take_pending_copies(), self.vocab_size)
         for (i, _, _), tokens, q in zip(active, out.tokens, out.probs):
             drafts[i].extend(tokens)
