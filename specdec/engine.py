@@ -28,6 +28,7 @@ from specdec.models.llama import LlamaModel
 from specdec.models.loader import LoadedModel, load_model
 from specdec.output_processor import OutputProcessor
 from specdec.precision import resolve_kv_cache, resolve_precision
+from specdec.quant import kernel
 from specdec.request import (
     Request,
     RequestOutput,
@@ -68,9 +69,11 @@ class LLMEngine:
             if progress:
                 print(f"K/V cache: {config.cache.kv_cache_dtype} ({why})", file=sys.stderr)
         self.config = config
-        self.verifier = Verifier(rejection_sampler)
         mc, cc = config.model, config.cache
         self.device = torch.device(mc.device)
+        # a coupled row's processing and pick in one native call where the CPU kernels build
+        native = self.device.type == "cpu" and kernel.available()
+        self.verifier = Verifier(rejection_sampler, picks=kernel.coupled_picks if native else None)
         self.loaded = loaded or load_model(mc.model, mc.precision, mc.device, progress, huge_pages=mc.huge_pages)
         cfg = self.loaded.config
         self.tokenizer = self.loaded.tokenizer

@@ -80,6 +80,33 @@ def test_the_gumbel_max_form_picks_what_the_whole_noise_row_picks():
             assert int(torch.isfinite(formed).sum()) < vocab // 2
 
 
+def test_the_native_coupled_pick_is_the_torch_processing_and_pick():
+    """kernel.coupled_picks (the verifier's coupled rows on a CPU) picks what process_logits followed by
+    coupled_argmax picks: temperature, top-k, top-p whose nucleus lies within the first span and past it
+    (flat rows), min-p and their mixes, over the real vocabulary's width."""
+    from specdec.quant import kernel
+    from specdec.sample.logits_processors import process_logits
+    from specdec.sampling_params import SamplingParams
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    g = torch.Generator().manual_seed(1)
+    vocab = 151936
+    settings = [(0.7, 0.95, 0, 0.0), (1.0, 1.0, 0, 0.0), (0.8, 0.9, 40, 0.0), (1.2, 1.0, 0, 0.05),
+                (0.5, 0.5, 5, 0.1), (1.0, 0.99, 0, 0.0)]
+    rows, params, want = [], [], []
+    for trial in range(24):
+        row = torch.randn(vocab, generator=g) * [0.5, 2.0, 5.0, 10.0][trial % 4]
+        row[torch.randint(0, vocab, (5,), generator=g)] += [0.0, 12.0, 18.0][trial % 3]
+        t, p, k, m = settings[trial % len(settings)]
+        key, position = noise.noise_key(trial), 3 * trial
+        sp = SamplingParams(temperature=t, top_p=p, top_k=k, min_p=m)
+        want.append(noise.coupled_argmax(process_logits(row, sp, [], []), key, position))
+        rows.append(row)
+        params.append((t, p, m, k, key, position))
+    assert kernel.coupled_picks(torch.stack(rows), params) == want
+    assert [kernel.coupled_picks(r[None].contiguous(), [q])[0] for r, q in zip(rows[:4], params)] == want[:4]
+
+
 def test_noise_is_standard_gumbel():
     g = noise.gumbel(noise.noise_key(0), 0, 1_000_000).double()
     assert abs(g.mean().item() - 0.5772157) < 0.005

@@ -79,6 +79,25 @@ def test_batched_with_greedy_and_other_sampled_requests(plain, tiny_qwen, tiny_l
     assert outs[0].token_ids == alone[0]
 
 
+def test_natively_picked_rows_keep_the_text_beside_processed_ones(plain, tiny_qwen, tiny_llama):
+    """Coupled rows are picked natively (temperature, filters and Gumbel-max in one kernel call) unless
+    their request has a logit bias or penalties, which the torch processing takes: a request's text is
+    the same with either kind beside it, and the same text as the torch path gives it alone."""
+    from specdec.quant import kernel
+    if not kernel.available():
+        pytest.skip(f"kernel unavailable: {kernel.unavailable_reason()}")
+    alone, _ = run(plain, prompts=PROMPTS[:1])
+    llm = llm_for(tiny_qwen, "draft_model", tiny_llama, 4)
+    assert llm.engine.verifier.picks is not None
+    others = [dataclasses.replace(SAMPLED, seed=5, logit_bias={7: 2.0}),
+              dataclasses.replace(SAMPLED, seed=6, repetition_penalty=1.3, top_p=0.9)]
+    outs = llm.generate(PROMPTS[:3], [SAMPLED] + others)
+    assert outs[0].token_ids == alone[0]
+    torch_path = llm_for(tiny_qwen)
+    torch_path.engine.verifier.picks = None
+    assert run(torch_path, prompts=PROMPTS[:1])[0] == alone
+
+
 def test_preemption_keeps_the_text(plain, tiny_qwen, tiny_llama):
     ref, _ = run(plain)
     small = llm_for(tiny_qwen, "draft_model", tiny_llama, 3, block_size=4, target_cache_blocks=30)

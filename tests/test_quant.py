@@ -361,7 +361,7 @@ def test_the_ctypes_table_follows_the_header():
     (a mismatch would pass wrong arguments silently)."""
     text = re.sub(r"//[^\n]*", "", Path(kernel.__file__).with_name("kernels.h").read_text())
     structs = {"Part": kernel.Part, "Linear": kernel.Linear, "Layer": kernel.Layer, "Dims": kernel.Dims,
-               "ChainRow": kernel.ChainRow}
+               "ChainRow": kernel.ChainRow, "CoupledRow": kernel.CoupledRow}
     declared = dict(re.findall(r"struct (\w+) \{([^}]*)\};", text))
     assert set(declared) == set(structs)
     for name, body in declared.items():

@@ -135,22 +135,17 @@ int64_t pick(const float* logits, const Linear& head, const int64_t* head_ids, c
         const int64_t j = first_max(w.own.data(), no, nullptr);
         return outranks(w.own[j], row.own_ids[j], top, head_ids[c]) ? row.own_ids[j] : head_ids[c];
     }
+    const auto id = [&](int64_t c) { return c < nh ? head_ids[c] : row.own_ids[c - nh]; };
     w.x.resize(nh + no);
     for (int64_t c = 0; c < nh; ++c) w.x[c] = never && never[c] ? -INFINITY : logits[c] / row.temperature;
     for (int64_t j = 0; j < no; ++j) w.x[nh + j] = w.own[j] / row.temperature;
     filter(w.x, row.top_k, row.top_p, row.min_p, row.vocab, w.filters);
-    if (!row.uniform) {
-        const int64_t c = coupled(w.x, row.noise_key, row.noise_at + s, head_ids, nh, row.own_ids);
-        return c < nh ? head_ids[c] : row.own_ids[c - nh];
-    }
+    if (!row.uniform) return id(coupled(w.x, row.noise_key, row.noise_at + s, id));
     softmax(w.x, w.filters);
     float* probs = row.probs + s * row.vocab;
-    for (int64_t c = 0; c < nh + no; ++c) {
-        const int64_t id = c < nh ? head_ids[c] : row.own_ids[c - nh];
-        if (id < row.vocab) probs[id] = w.x[c];
-    }
-    const int64_t c = draw(w.x, row.uniform[s]);
-    return c < nh ? head_ids[c] : row.own_ids[c - nh];
+    for (int64_t c = 0; c < nh + no; ++c)
+        if (id(c) < row.vocab) probs[id(c)] = w.x[c];
+    return id(draw(w.x, row.uniform[s]));
 }
 
 }  // namespace

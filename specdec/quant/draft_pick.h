@@ -1,9 +1,10 @@
-// A draft's pick on the C++ side of the draft chain (decoder.cpp's draft_chain): greedy, the first
-// maximum as the Python side takes it; sampled, over the request's processed logits
-// (logits_processors.py's temperature, top-k, top-p, min-p), either the Gumbel-max with the target's
-// positional noise (coupled, sample/noise.py) or a draw from their softmax q, q returned for
-// rejection sampling. q need not match the Python processing bit for bit: verification only needs
-// the q the draft was drawn from.
+// Picks on the C++ side: the draft chain's (decoder.cpp's draft_chain), greedy as the Python side
+// takes the first maximum, or sampled over the request's processed logits (logits_processors.py's
+// temperature, top-k, top-p, min-p), either the Gumbel-max with the target's positional noise
+// (coupled, sample/noise.py) or a draw from their softmax q, q returned for rejection sampling; and the
+// verifier's coupled rows (picks.cpp), the same processing and Gumbel-max over a target row. The
+// processing need not match torch's bit for bit: a draft's q only needs to be the one it was drawn
+// from, and a target row is picked by this code whether its step verifies drafts or not.
 #pragma once
 #include <immintrin.h>
 #include <math.h>
@@ -41,7 +42,7 @@ bool outranks(float v, int64_t id, float top, int64_t top_id) {
 // exp(x - top) of every value into e (0 for -inf), 8 at a time; returns their sum.
 double exps(const std::vector<float>& x, float top, std::vector<float>& e) {
     const int64_t n = x.size();
-    e.resize(n + 8);
+    e.resize(n);
     const __m256 t = _mm256_set1_ps(top);
     __m256 sum = _mm256_setzero_ps();
     int64_t c = 0;
@@ -61,23 +62,31 @@ struct Filters {
     std::vector<uint8_t> keep;
 };
 
+constexpr float kTopPSpan = 20.f;  // e^-20: how far below the largest value top-p looks first
+
 // top-p on x (in place): the values, largest first (ties by position), are kept while the probability
-// mass before them is under top_p. Only the largest m are ordered, m growing until they hold top_p.
+// mass before them is under top_p. Only the values within kTopPSpan of the largest are ordered first
+// (all of them if those fall short of top_p: every one of them comes before every other value, so the
+// kept set is the same), and of those only the largest m, m growing until they hold top_p.
 void top_p_filter(std::vector<float>& x, float top_p, Filters& f) {
     const int64_t n = x.size();
     const float top = *std::max_element(x.begin(), x.end());
     const double sum = exps(x, top, f.e);
-    f.order.clear();
-    for (int64_t c = 0; c < n; ++c)
-        if (x[c] > -INFINITY) f.order.push_back(c);
     const auto larger = [&](int64_t a, int64_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
     int64_t kept = 0;
-    for (int64_t m = 256;; m *= 8) {
-        const int64_t mm = std::min<int64_t>(m, f.order.size());
-        std::partial_sort(f.order.begin(), f.order.begin() + mm, f.order.end(), larger);
+    for (float span : {kTopPSpan, INFINITY}) {
+        f.order.clear();
+        for (int64_t c = 0; c < n; ++c)
+            if (x[c] > -INFINITY && x[c] >= top - span) f.order.push_back(c);
         double before = 0.0;
-        for (kept = 0; kept < mm && before < top_p; ++kept) before += f.e[f.order[kept]] / sum;
-        if (before >= top_p || mm == (int64_t)f.order.size()) break;
+        for (int64_t m = 256;; m *= 8) {
+            const int64_t mm = std::min<int64_t>(m, f.order.size());
+            std::partial_sort(f.order.begin(), f.order.begin() + mm, f.order.end(), larger);
+            before = 0.0;
+            for (kept = 0; kept < mm && before < top_p; ++kept) before += f.e[f.order[kept]] / sum;
+            if (before >= top_p || mm == (int64_t)f.order.size()) break;
+        }
+        if (before >= top_p) break;
     }
     f.keep.assign(n, 0);
     for (int64_t j = 0; j < kept; ++j) f.keep[f.order[j]] = 1;
@@ -131,11 +140,11 @@ float gumbel(uint64_t base, int64_t id) {
 constexpr float kGumbelMax = 37.5f;  // G's largest value, at v = 2^-54: 54 ln 2 = 37.43
 
 // The coupled pick: the first maximum of x + G over the values left (-inf excluded), G only where it
-// can win: once the largest x has its G, a value needs x > that sum - kGumbelMax.
-int64_t coupled(const std::vector<float>& x, int64_t key, int64_t position, const int64_t* head_ids, int64_t nh,
-                const int64_t* own_ids) {
+// can win: once the largest x has its G, a value needs x > that sum - kGumbelMax. id(c): candidate c's
+// token id, whose noise it takes.
+template <class Id>
+int64_t coupled(const std::vector<float>& x, int64_t key, int64_t position, Id id) {
     const uint64_t base = mix((uint64_t)key ^ mix((uint64_t)position));
-    const auto id = [&](int64_t c) { return c < nh ? head_ids[c] : own_ids[c - nh]; };
     const int64_t n = x.size();
     int64_t best = std::max_element(x.begin(), x.end()) - x.begin();
     float top = x[best] + gumbel(base, id(best));

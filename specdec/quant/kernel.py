@@ -26,7 +26,7 @@ from specdec.config import specdec_home
 from specdec.quant import kv_format
 
 SOURCES = [Path(__file__).with_name(f) for f in ("qlinear.cpp", "qlinear_vnni.cpp", "layer_ops.cpp", "attention.cpp",
-                                                  "attention_avx512.cpp", "decoder.cpp")]
+                                                  "attention_avx512.cpp", "decoder.cpp", "picks.cpp")]
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))  # every header: included, so hashed too
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=c++17"]
 # instruction sets a source is built for beyond AVX2; its code runs only where the CPU has them (kernel_isa)
@@ -65,6 +65,11 @@ class ChainRow(ctypes.Structure):
                 ("noise_key", _i64), ("noise_at", _i64), ("uniform", _ptr), ("probs", _ptr), ("vocab", _i64)]
 
 
+class CoupledRow(ctypes.Structure):
+    _fields_ = [("temperature", _f32), ("top_p", _f32), ("min_p", _f32), ("top_k", _i64), ("noise_key", _i64),
+                ("position", _i64)]
+
+
 # every extern "C" function: name -> (result type, [(argument, type)]); pointers to data are void pointers
 SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
     "qlinear": (_int, [("x", _ptr), ("rows", _i64), ("k", _i64), ("bits", _int), ("group", _int), ("codes", _ptr),
@@ -101,6 +106,8 @@ SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
                            ("head_ids", _ptr), ("never", _ptr), ("rows", ctypes.POINTER(ChainRow)),
                            ("num_rows", _i64), ("cos", _ptr), ("sin", _ptr), ("threads", _ptr),
                            ("seconds", _ptr)]),
+    "coupled_picks": (None, [("logits", _ptr), ("rows", _i64), ("vocab", _i64), ("params", ctypes.POINTER(CoupledRow)),
+                             ("out", _ptr), ("threads", _int)]),
 }
 
 
@@ -219,6 +226,17 @@ def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: 
                      tiles.data_ptr() if tiles is not None else None)
     if rc != 0:
         raise ValueError(f"qlinear: unsupported layout bits={bits} group={group} k={x.shape[1]}")
+
+
+def coupled_picks(logits: torch.Tensor, rows: list[CoupledRow]) -> list[int]:
+    """Each row of logits [len(rows), vocab] (float32, contiguous) processed with its temperature and
+    filters and picked by the Gumbel-max with its noise (picks.cpp)."""
+    assert logits.dtype == torch.float32 and logits.is_contiguous() and logits.shape[0] == len(rows)
+    out = torch.empty(len(rows), dtype=torch.int64)
+    params = (CoupledRow * len(rows))(*rows)
+    _lib().coupled_picks(logits.data_ptr(), len(rows), logits.shape[-1], params, out.data_ptr(),
+                         min(torch.get_num_threads(), len(rows)))
+    return out.tolist()
 
 
 def pack_tiles16(bits: int, codes: torch.Tensor, sub: torch.Tensor, mins: torch.Tensor | None, d: torch.Tensor,

@@ -76,6 +76,17 @@ struct ChainRow {
     int64_t vocab;          // the sampled row's width (top-k applies below it; probs' width)
 };
 
+// One row of the verifier's under Gumbel coupling (picks.cpp): its processing (temperature, top-k with
+// 0 for off, top-p, min-p, as logits_processors.py) and its noise's key and output position.
+struct CoupledRow {
+    float temperature;
+    float top_p;
+    float min_p;
+    int64_t top_k;
+    int64_t noise_key;
+    int64_t position;
+};
+
 // K/V cache rows (kv_format.py): float32; float16 (IEEE half, rounded to nearest even); int8 codes then
 // a float32 scale per group of kv_group(head_dim) values
 #define KV_FORMAT_F32 0
@@ -133,5 +144,10 @@ int draft_chain(const Layer* layers, int64_t num_layers, const Dims* dims, const
                 const Part* embed, const Linear* head, const int64_t* head_ids, const uint8_t* never,
                 ChainRow* rows, int64_t num_rows, const float* cos, const float* sin, const int* threads,
                 double* seconds);
+
+// picks.cpp: each row of logits [rows, vocab] processed and picked by its Gumbel-max (draft_pick.h's
+// coupled), into out[rows]; rows in parallel, each on one thread.
+void coupled_picks(const float* logits, int64_t rows, int64_t vocab, const CoupledRow* params, int64_t* out,
+                   int threads);
 
 }  // extern "C"

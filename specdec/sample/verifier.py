@@ -27,6 +27,9 @@ from specdec.sample.sampler import first_argmax, make_generator
 
 Sampler = Callable[..., tuple[list[list[int]], torch.Tensor]]
 Noise = Callable[[torch.Tensor, int, int], torch.Tensor]   # (row, key, position) -> the row with its noise, in place
+# (raw rows [n, vocab], each row's (temperature, top_p, min_p, top_k, noise key, output position)) -> the
+# rows' coupled picks: processing and Gumbel-max in one native call (quant/kernel.coupled_picks)
+Picks = Callable[[torch.Tensor, list[tuple[float, float, float, int, int, int]]], list[int]]
 
 
 @dataclass
@@ -37,10 +40,12 @@ class Verified:
 
 
 class Verifier:
-    def __init__(self, sampler: Sampler = rejection_sample, noise: Noise = add_gumbel_) -> None:
+    def __init__(self, sampler: Sampler = rejection_sample, noise: Noise = add_gumbel_,
+                 picks: Picks | None = None) -> None:
         """`sampler`, `noise`: the rejection sampler and the coupling's noise (tests inject broken ones
-        to show a check has power)."""
-        self.sampler, self.noise = sampler, noise
+        to show a check has power). `picks`: coupled rows picked natively where a request has no
+        grammar, bias or penalties (its rows then never go through the torch processing)."""
+        self.sampler, self.noise, self.picks = sampler, noise, picks
         self._generators: dict[str, torch.Generator] = {}
 
     def add(self, request_id: str, seed: int | None) -> None:
@@ -58,6 +63,9 @@ class Verifier:
         if not scored:
             return {}
         reqs = [requests[c.request_id] for _, c in scored]
+        native = self._native_picks(out, scored, reqs)
+        if all(n in native or _plain_greedy(r) for n, r in enumerate(reqs)):
+            return _greedy([c for _, c in scored], self._picks(out, scored, native))
         rows = [self._rows(out, i, c, r) for (i, c), r in zip(scored, reqs)]
         groups = [RowGroup(r.params, r.prompt_token_ids, r.output_token_ids, c.draft_token_ids)
                   for (_, c), r in zip(scored, reqs)]
@@ -65,7 +73,7 @@ class Verifier:
         # mask already copied them
         keep_raw = any(r.params.logprobs is not None or r.grammar is not None for r in reqs)
         logits = process_rows(torch.cat(rows) if keep_raw else out.logits, groups, in_place=True)
-        self._couple(logits, [c for _, c in scored], reqs)
+        self._couple(logits, [c for _, c in scored], reqs, native)
         as_greedy = [r.params.greedy or r.noise_key is not None for r in reqs]
         if all(as_greedy):   # greedy or coupled: the argmax is all the sampler would compute
             return _greedy([c for _, c in scored], first_argmax(logits).tolist())
@@ -80,18 +88,54 @@ class Verifier:
     @staticmethod
     def _rows(out: ModelRunnerOutput, i: int, chunk: ScheduledChunk, req: Request) -> torch.Tensor:
         """The chunk's raw rows, masked by its grammar (row j: the state after the drafts before it)."""
-        rows = out.logits[out.cu_num_logits[i]:out.cu_num_logits[i + 1]]
+        rows = _raw(out, i)
         if req.grammar is None:
             return rows
         return req.grammar.mask_rows(rows, chunk.draft_token_ids)
 
-    def _couple(self, logits: torch.Tensor, chunks: list[ScheduledChunk], reqs: list[Request]) -> None:
+    def _native_picks(self, out: ModelRunnerOutput, scored: list[tuple[int, ScheduledChunk]],
+                      reqs: list[Request]) -> dict[int, list[int]]:
+        """Position in `scored` -> its rows' coupled picks, for the coupled requests `picks` takes (a
+        request's own properties decide, never the batch's: its tokens do not depend on what shares
+        the step)."""
+        if self.picks is None or out.logits.device.type != "cpu" or out.logits.dtype != torch.float32:
+            return {}
+        taken = [n for n, r in enumerate(reqs) if _natively_coupled(r)]
+        if not taken:
+            return {}
+        rows = torch.cat([_raw(out, scored[n][0]) for n in taken])
+        p = [(reqs[n].params.temperature, reqs[n].params.top_p, reqs[n].params.min_p, reqs[n].params.top_k,
+              reqs[n].noise_key, len(reqs[n].output_token_ids) + j) for n in taken for j in range(scored[n][1].num_logits)]
+        picks, start, native = self.picks(rows.contiguous(), p), 0, {}
+        for n in taken:
+            k = scored[n][1].num_logits
+            native[n], start = picks[start:start + k], start + k
+        return native
+
+    @staticmethod
+    def _picks(out: ModelRunnerOutput, scored: list[tuple[int, ScheduledChunk]],
+               native: dict[int, list[int]]) -> list[int]:
+        """Every scored row's token: the native picks, else the raw row's first maximum (greedy)."""
+        greedy = [n for n in range(len(scored)) if n not in native]
+        best = dict(native)
+        if greedy:
+            flat, start = first_argmax(torch.cat([_raw(out, scored[n][0]) for n in greedy])).tolist(), 0
+            for n in greedy:
+                k = scored[n][1].num_logits
+                best[n], start = flat[start:start + k], start + k
+        return [t for n in range(len(scored)) for t in best[n]]
+
+    def _couple(self, logits: torch.Tensor, chunks: list[ScheduledChunk], reqs: list[Request],
+                native: dict[int, list[int]]) -> None:
         """Coupled requests' processed rows in their Gumbel-max form (`noise.add_gumbel_`: the noise of
         their output positions added where it can win; row j of a request is the token after its
-        output and drafts[:j]), in place."""
+        output and drafts[:j]), in place; a natively picked row becomes its pick alone."""
         start = 0
-        for c, req in zip(chunks, reqs):
-            if req.noise_key is not None and not req.params.greedy:
+        for n, (c, req) in enumerate(zip(chunks, reqs)):
+            if n in native:
+                logits[start:start + c.num_logits] = float("-inf")
+                logits[torch.arange(start, start + c.num_logits), torch.tensor(native[n])] = 0.0
+            elif req.noise_key is not None and not req.params.greedy:
                 for j in range(c.num_logits):
                     row = logits[start + j]
                     host = row.cpu()  # the row itself on a CPU
@@ -113,6 +157,24 @@ class Verifier:
                 uniforms[start:start + k], finals[r] = draws[:k], draws[k]
             start += k
         return uniforms, finals
+
+
+def _raw(out: ModelRunnerOutput, i: int) -> torch.Tensor:
+    """Chunk i's raw rows of the runner's logits."""
+    return out.logits[out.cu_num_logits[i]:out.cu_num_logits[i + 1]]
+
+
+def _plain_greedy(req: Request) -> bool:
+    """A greedy request whose rows' first maximum is its token (nothing processes them)."""
+    p = req.params
+    return p.greedy and req.grammar is None and not p.logit_bias and not p.needs_penalties
+
+
+def _natively_coupled(req: Request) -> bool:
+    """A coupled request whose rows need only temperature and filters before their Gumbel-max."""
+    p = req.params
+    return (req.noise_key is not None and not p.greedy and req.grammar is None and not p.logit_bias
+            and not p.needs_penalties)
 
 
 def _greedy(chunks: list[ScheduledChunk], best: list[int]) -> dict[str, Verified]:
