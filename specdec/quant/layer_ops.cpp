@@ -10,6 +10,8 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include <algorithm>
+
 #include "kernels.h"
 #include "simd.h"
 
@@ -67,16 +69,21 @@ void rope(float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t d, const i
 }
 
 // SwiGLU's activation: out[r, i] = silu(gate[r, i]) * up[r, i], silu(g) = g / (1 + exp(-g)), with
-// gate|up side by side in each row of x: [rows, 2 * n]; out: [rows, n]. n a multiple of 8.
+// gate|up side by side in each row of x: [rows, 2 * n]; out: [rows, n]. n a multiple of 8. Each value
+// is computed alone, so the threads split rows and columns alike (one row of 8,960 is two halves).
 void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads) {
     const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * n >= 65536)
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t i = 0; i < n; i += 8) {
+    constexpr int64_t kSpan = 2048;  // values a task
+    const int64_t spans = (n + kSpan - 1) / kSpan;
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * n >= 8192)
+    for (int64_t task = 0; task < rows * spans; ++task) {
+        const int64_t r = task / spans, i0 = task % spans * kSpan, i1 = std::min(n, i0 + kSpan);
+        for (int64_t i = i0; i < i1; i += 8) {
             __m256 g = _mm256_loadu_ps(x + r * 2 * n + i), u = _mm256_loadu_ps(x + r * 2 * n + n + i);
             __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
             _mm256_storeu_ps(out + r * n + i, _mm256_mul_ps(silu, u));
         }
+    }
 }
 
 }  // extern "C"

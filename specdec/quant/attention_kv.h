@@ -1,0 +1,109 @@
+// The K/V cache as attention reads it (attention.h): a KV head's rows at context positions through the
+// cache slots, in any of the row formats (kv_format.py), the next block's lines asked for ahead.
+#pragma once
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+#include "kernels.h"
+
+namespace {
+
+constexpr int64_t kTokenBlock = 32;  // 32 keys or values of d = 128: 16 KB
+constexpr int64_t kAhead = kTokenBlock;  // how far ahead of their use K/V rows are asked for (a block: 16 KB)
+
+// One KV head's keys (or values) at context positions t < end, rows of `stride` elements, read as float32
+// rows of d: in place from a float32 cache; from a float16 or int8 cache each block is widened once
+// (exactly, or as code * scale) into a buffer that every row and query head of the run then reads, so the
+// conversion is not repeated per query head.
+// plan(t0) looks up where the rows kAhead positions past the block at t0 lie; ahead(t, byte) then asks
+// for the line at `byte` of row t + kAhead while row t is worked on, so the reads are spread over the
+// arithmetic instead of waiting at each block's start.
+template <class T>
+struct KvSource {
+    const T* cache;
+    const int64_t* slots;
+    int64_t d, stride, end;
+    const char* next[kTokenBlock] = {};
+    int64_t planned = -1;
+    const T* source(int64_t t) const { return cache + slots[t] * stride; }
+    void plan(int64_t t0) {
+        if (t0 == planned) return;
+        planned = t0;
+        for (int64_t j = 0; j < kTokenBlock; ++j)
+            next[j] = t0 + kAhead + j < end ? (const char*)source(t0 + kAhead + j) : nullptr;
+    }
+    void ahead(int64_t t, int64_t byte) const {
+        if (const char* p = next[t - planned]) _mm_prefetch(p + byte, _MM_HINT_T0);
+    }
+};
+
+// A row of the 16- or 8-bit formats widened to float32 (kv_format.py's reading).
+inline void widen(const uint16_t* src, int64_t d, float* dst) {
+    for (int64_t i = 0; i < d; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
+}
+
+inline void widen(const int8_t* src, int64_t d, float* dst) {
+    const int64_t group = kv_group(d);
+    for (int64_t g = 0; g < d / group; ++g) {
+        float scale;
+        memcpy(&scale, src + d + 4 * g, 4);
+        const __m256 s = _mm256_set1_ps(scale);
+        for (int64_t i = g * group; i < (g + 1) * group; i += 8) {
+            const __m256i codes = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(src + i)));
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(codes), s));
+        }
+    }
+}
+
+template <class T>
+struct KvRows : KvSource<T> {
+    mutable std::vector<float> buf = {};
+    int64_t first = -1, last = -1;
+    mutable bool widened = false;
+    void begin(int64_t t0, int64_t t1) {  // the block [t0, t1), unless it is the one held
+        if (t0 == first) return;
+        first = t0, last = t1, widened = false;
+    }
+    const float* row(int64_t t) const {  // the block widened on first use (the AVX-512 tiles read float16 as it is)
+        if (!widened) {
+            buf.resize(kTokenBlock * this->d);
+            for (int64_t u = first; u < last; ++u) widen(this->source(u), this->d, buf.data() + (u - first) * this->d);
+            widened = true;
+        }
+        return buf.data() + (t - first) * this->d;
+    }
+};
+
+template <>
+struct KvRows<float> : KvSource<float> {  // read in place
+    void begin(int64_t, int64_t) {}
+    const float* row(int64_t t) const { return source(t); }
+};
+
+#ifdef __AVX512F__
+// 16 values of row t from element i as floats: a float16 cache's widened in the register, others read
+// as row() gives them; the same floats either way.
+inline __m512 load16(const KvRows<uint16_t>& v, int64_t t, int64_t i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(v.source(t) + i)));
+}
+template <class Rows>
+inline __m512 load16(const Rows& v, int64_t t, int64_t i) {
+    return _mm512_loadu_ps(v.row(t) + i);
+}
+
+// 8 values of row t from element i, as load16 reads them, in both halves of a 16-float vector.
+inline __m512 both8(const KvRows<uint16_t>& v, int64_t t, int64_t i) {
+    const __m256d c = _mm256_castps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v.source(t) + i))));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(c), c, 1));
+}
+template <class Rows>
+inline __m512 both8(const Rows& v, int64_t t, int64_t i) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(v.row(t) + i))));
+}
+#endif
+
+}  // namespace
