@@ -30,6 +30,28 @@ int64_t first_max(const float* v, int64_t n, const uint8_t* never) {
     return best;
 }
 
+// The largest of v[0, n), 8 at a time (a NaN is passed over, as max_ps does).
+float largest(const float* v, int64_t n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(v + c));
+    float top = simd::hmax8(m);
+    for (; c < n; ++c) top = v[c] > top ? v[c] : top;
+    return top;
+}
+
+// f(c) for each c in [0, n), in order, with v[c] > floor (8 compared at a time).
+template <class F>
+void each_above(const float* v, int64_t n, float floor, F f) {
+    const __m256 fl = _mm256_set1_ps(floor);
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (unsigned m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + c), fl, _CMP_GT_OQ)); m; m &= m - 1)
+            f(c + __builtin_ctz(m));
+    for (; c < n; ++c)
+        if (v[c] > floor) f(c);
+}
+
 // Whether (v, id) outranks (top, top_id) as draft_model._max_key orders picks: NaN first, then the
 // larger logit, then the smaller id.
 bool outranks(float v, int64_t id, float top, int64_t top_id) {
@@ -70,7 +92,7 @@ constexpr float kTopPSpan = 20.f;  // e^-20: how far below the largest value top
 // kept set is the same), and of those only the largest m, m growing until they hold top_p.
 void top_p_filter(std::vector<float>& x, float top_p, Filters& f) {
     const int64_t n = x.size();
-    const float top = *std::max_element(x.begin(), x.end());
+    const float top = largest(x.data(), n);
     const double sum = exps(x, top, f.e);
     const auto larger = [&](int64_t a, int64_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
     int64_t kept = 0;
@@ -99,8 +121,11 @@ void top_p_filter(std::vector<float>& x, float top_p, Filters& f) {
 // times the largest. Dropped values become -inf.
 void filter(std::vector<float>& x, int64_t top_k, float top_p, float min_p, int64_t vocab, Filters& f) {
     const int64_t n = x.size();
-    if (top_k > 0 && top_k < vocab && top_k <= n) {
-        f.tmp.assign(x.begin(), x.end());
+    if (top_k > 0 && top_k < vocab && top_k <= n) {  // the k-th largest: among those within kTopPSpan if k are
+        const float low = largest(x.data(), n) - kTopPSpan;
+        f.tmp.clear();
+        each_above(x.data(), n, low, [&](int64_t c) { f.tmp.push_back(x[c]); });
+        if ((int64_t)f.tmp.size() < top_k) f.tmp.assign(x.begin(), x.end());
         std::nth_element(f.tmp.begin(), f.tmp.begin() + (top_k - 1), f.tmp.end(), std::greater<float>());
         const float kth = f.tmp[top_k - 1];
         for (float& v : x)
@@ -108,7 +133,7 @@ void filter(std::vector<float>& x, int64_t top_k, float top_p, float min_p, int6
     }
     if (top_p < 1.f) top_p_filter(x, top_p, f);
     if (min_p > 0.f) {  // p < min_p * p_max  <=>  x - top < log(min_p)
-        const float cut = *std::max_element(x.begin(), x.end()) + logf(min_p);
+        const float cut = largest(x.data(), n) + logf(min_p);
         for (float& v : x)
             if (v < cut) v = -INFINITY;
     }
@@ -116,28 +141,47 @@ void filter(std::vector<float>& x, int64_t top_k, float top_p, float min_p, int6
 
 // q = softmax(x) in place (x holds a finite maximum).
 void softmax(std::vector<float>& x, Filters& f) {
-    const float top = *std::max_element(x.begin(), x.end());
+    const float top = largest(x.data(), x.size());
     const float scale = (float)(1.0 / exps(x, top, f.e));
     for (size_t c = 0; c < x.size(); ++c) x[c] = f.e[c] * scale;
 }
 
 // sample/noise.py's Gumbel value G of token `id` for base = mix(key ^ mix(position)): SplitMix64's
 // output function of a counter, its top 53 bits as v in (0, 1), G = -log(-log1p(-v)) in float32. (The
-// logarithms are the C library's, where torch's are its own: a last-bit difference could only change
-// which draft is proposed, never what is accepted.)
+// logarithms are the C library's, where torch's are its own: the native picks (picks.cpp) and the draft
+// chain use these, the Python paths torch's; a last-bit difference between them changes no guarantee.)
 uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
-float gumbel(uint64_t base, int64_t id) {
+float uniform(uint64_t base, int64_t id) {
     const uint64_t bits = mix(base + (uint64_t)(id + 1) * 0x9E3779B97F4A7C15ull);
-    const float v = (float)(((double)(bits >> 11) + 0.5) * 0x1p-53);
-    return -logf(-log1pf(-v));
+    return (float)(((double)(bits >> 11) + 0.5) * 0x1p-53);
 }
 
+float gumbel_of(float v) { return -logf(-log1pf(-v)); }
+
+float gumbel(uint64_t base, int64_t id) { return gumbel_of(uniform(base, id)); }
+
 constexpr float kGumbelMax = 37.5f;  // G's largest value, at v = 2^-54: 54 ln 2 = 37.43
+
+// Whether G(v) < t is certain without its logarithms: G falls as v rises, and G(v) >= t needs v <= 1 -
+// exp(-exp(-t)), tabulated every 1/16 and read at the step at or below t - 1/1000 (a margin far above
+// G's float rounding). Most values of an unfiltered row are several units below the best sum: their
+// G is rejected on its uniform alone.
+bool below(float v, float t) {
+    constexpr int kSteps = 16, kSize = 40 * kSteps;
+    static const std::vector<double> needed = [] {
+        std::vector<double> out(kSize);
+        for (int i = 0; i < kSize; ++i) out[i] = -expm1(-exp(-(double)i / kSteps));
+        return out;
+    }();
+    const float at = (t - 1e-3f) * kSteps;
+    if (!(at >= 0.f)) return false;
+    return (double)v > needed[at >= kSize - 1 ? kSize - 1 : (int)at];
+}
 
 // The coupled pick: the first maximum of x + G over the values left (-inf excluded), G only where it
 // can win: once the largest x has its G, a value needs x > that sum - kGumbelMax. id(c): candidate c's
@@ -146,14 +190,18 @@ template <class Id>
 int64_t coupled(const std::vector<float>& x, int64_t key, int64_t position, Id id) {
     const uint64_t base = mix((uint64_t)key ^ mix((uint64_t)position));
     const int64_t n = x.size();
-    int64_t best = std::max_element(x.begin(), x.end()) - x.begin();
+    const float most = largest(x.data(), n);
+    int64_t best = 0;  // the first maximum
+    each_above(x.data(), n, std::nextafter(most, -INFINITY), [&](int64_t c) { best = x[best] == most ? best : c; });
     float top = x[best] + gumbel(base, id(best));
     const float floor = top - kGumbelMax;  // -inf where G was -inf: then every value is tried
-    for (int64_t c = 0; c < n; ++c) {
-        if (!(x[c] > floor) || c == best) continue;
-        const float v = x[c] + gumbel(base, id(c));
+    each_above(x.data(), n, floor, [&](int64_t c) {
+        if (c == best) return;
+        const float u = uniform(base, id(c));
+        if (below(u, top - x[c])) return;  // x[c] + G < top: it cannot win
+        const float v = x[c] + gumbel_of(u);
         if (v > top || (v == top && c < best)) top = v, best = c;
-    }
+    });
     return best;
 }
 
