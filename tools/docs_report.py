@@ -44,6 +44,14 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-picks-xeon-emr": ("2026-12-06", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon with "
+                             "coupled rows picked natively: plain, the draft model under the cost model, the "
+                             "hybrid, llama.cpp and OpenVINO GenAI's speculation on code, chat and prose"),
+    "bench-step-overhead-picks-xeon-emr": ("2026-12-06", "xeon-emr", "the step outside the forwards on an Emerald "
+                                           "Rapids Xeon with coupled rows picked natively: plain and the draft "
+                                           "model, greedy and sampled"),
+    "bench-code-edit-xeon-emr": ("2026-12-06", "xeon-emr", "code edits of 256 tokens on an Emerald Rapids Xeon: "
+                                 "suffix beside llama.cpp and OpenVINO GenAI's prompt lookup"),
     "bench-chain-xeon-emr": ("2026-12-06", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon with a "
                              "draft's positions in one C++ call (the draft chain): plain, the draft model under "
                              "the cost model, the hybrid, llama.cpp and OpenVINO GenAI's speculation on code, "
