@@ -149,7 +149,8 @@ void softmax(std::vector<float>& x, Filters& f) {
 // sample/noise.py's Gumbel value G of token `id` for base = mix(key ^ mix(position)): SplitMix64's
 // output function of a counter, its top 53 bits as v in (0, 1), G = -log(-log1p(-v)) in float32. (The
 // logarithms are the C library's, where torch's are its own: the native picks (picks.cpp) and the draft
-// chain use these, the Python paths torch's; a last-bit difference between them changes no guarantee.)
+// chain use these, the Python paths torch's. A last-bit difference could change a sampled token between
+// a build with the kernels and one without, never between plain and speculative decoding in one.)
 uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
