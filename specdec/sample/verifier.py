@@ -8,8 +8,10 @@ same call with no drafts.
 
 A sampled request is verified one of two ways. Coupled (its `noise_key` set, sample/noise.py): its
 rows get the Gumbel noise of their output positions and are then verified as greedy rows, so the
-target's token is the Gumbel-max sample and a draft is kept exactly when it equals it. Otherwise its
-uniforms come from its own generator, for rejection sampling.
+target's token is the Gumbel-max sample and a draft is kept exactly when it equals it; given `picks`
+(the CPU kernels'), a coupled request with no grammar, bias or penalties skips the torch processing:
+its rows' filters and Gumbel-max are one native call. Otherwise its uniforms come from its own
+generator, for rejection sampling.
 """
 from __future__ import annotations
 
