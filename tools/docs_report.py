@@ -50,6 +50,9 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "bench-step-overhead-picks-xeon-emr": ("2026-12-06", "xeon-emr", "the step outside the forwards on an Emerald "
                                            "Rapids Xeon with coupled rows picked natively: plain and the draft "
                                            "model, greedy and sampled"),
+    "bench-steps-picks-xeon-emr": ("2026-12-06", "xeon-emr", "the three prices on an Emerald Rapids Xeon, 1 to 17 "
+                                   "rows, the draft as it drafts (4-bit per 64 values, a 32k-row output layer) "
+                                   "beside llama.cpp"),
     "bench-code-edit-xeon-emr": ("2026-12-06", "xeon-emr", "code edits of 256 tokens on an Emerald Rapids Xeon: "
                                  "suffix beside llama.cpp and OpenVINO GenAI's prompt lookup"),
     "bench-chain-xeon-emr": ("2026-12-06", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon with a "
