@@ -168,18 +168,18 @@ float gumbel(uint64_t base, int64_t id) { return gumbel_of(uniform(base, id)); }
 
 constexpr float kGumbelMax = 37.5f;  // G's largest value, at v = 2^-54: 54 ln 2 = 37.43
 
-// Whether G(v) < t is certain without its logarithms: G falls as v rises, and G(v) >= t needs v <= 1 -
-// exp(-exp(-t)), tabulated every 1/16 and read at the step at or below t - 1/1000 (a margin far above
-// G's float rounding). Most values of an unfiltered row are several units below the best sum: their
-// G is rejected on its uniform alone.
-bool below(float v, float t) {
+// Whether x + G(v) < x + t is certain without G's logarithms: G falls as v rises, and G(v) >= t needs
+// v <= 1 - exp(-exp(-t)), tabulated every 1/16 and read at the step at or below t - slack (slack: well
+// above the float rounding of G and of the sum). Most values of an unfiltered row
+// are several units below the best sum: their G is rejected on its uniform alone.
+bool below(float v, float t, float slack) {
     constexpr int kSteps = 16, kSize = 40 * kSteps;
     static const std::vector<double> needed = [] {
         std::vector<double> out(kSize);
         for (int i = 0; i < kSize; ++i) out[i] = -expm1(-exp(-(double)i / kSteps));
         return out;
     }();
-    const float at = (t - 1e-3f) * kSteps;
+    const float at = (t - slack) * kSteps;
     if (!(at >= 0.f)) return false;
     return (double)v > needed[at >= kSize - 1 ? kSize - 1 : (int)at];
 }
@@ -196,10 +196,11 @@ int64_t coupled(const std::vector<float>& x, int64_t key, int64_t position, Id i
     each_above(x.data(), n, std::nextafter(most, -INFINITY), [&](int64_t c) { best = x[best] == most ? best : c; });
     float top = x[best] + gumbel(base, id(best));
     const float floor = top - kGumbelMax;  // -inf where G was -inf: then every value is tried
+    const float slack = 1e-3f + 1e-6f * (fabsf(most) + kGumbelMax);  // 8 float steps of any sum, and more
     each_above(x.data(), n, floor, [&](int64_t c) {
         if (c == best) return;
         const float u = uniform(base, id(c));
-        if (below(u, top - x[c])) return;  // x[c] + G < top: it cannot win
+        if (below(u, top - x[c], slack)) return;  // x[c] + G < top: it cannot win
         const float v = x[c] + gumbel_of(u);
         if (v > top || (v == top && c < best)) top = v, best = c;
     });
