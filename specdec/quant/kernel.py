@@ -228,9 +228,10 @@ def qlinear(x: torch.Tensor, bits: int, group: int, codes: torch.Tensor, scale: 
         raise ValueError(f"qlinear: unsupported layout bits={bits} group={group} k={x.shape[1]}")
 
 
-def coupled_picks(logits: torch.Tensor, rows: list[CoupledRow]) -> list[int]:
+def coupled_picks(logits: torch.Tensor, rows: list[tuple[float, float, float, int, int, int]]) -> list[int]:
     """Each row of logits [len(rows), vocab] (float32, contiguous) processed with its temperature and
-    filters and picked by the Gumbel-max with its noise (picks.cpp)."""
+    filters and picked by the Gumbel-max with its noise (picks.cpp). rows: each row's CoupledRow fields,
+    (temperature, top_p, min_p, top_k, noise key, output position)."""
     assert logits.dtype == torch.float32 and logits.is_contiguous() and logits.shape[0] == len(rows)
     out = torch.empty(len(rows), dtype=torch.int64)
     params = (CoupledRow * len(rows))(*rows)

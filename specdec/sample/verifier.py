@@ -107,7 +107,8 @@ class Verifier:
             return {}
         rows = torch.cat([_raw(out, scored[n][0]) for n in taken])
         p = [(reqs[n].params.temperature, reqs[n].params.top_p, reqs[n].params.min_p, reqs[n].params.top_k,
-              reqs[n].noise_key, len(reqs[n].output_token_ids) + j) for n in taken for j in range(scored[n][1].num_logits)]
+              reqs[n].noise_key, len(reqs[n].output_token_ids) + j)
+             for n in taken for j in range(scored[n][1].num_logits)]
         picks, start, native = self.picks(rows.contiguous(), p), 0, {}
         for n in taken:
             k = scored[n][1].num_logits
