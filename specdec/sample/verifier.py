@@ -109,11 +109,7 @@ class Verifier:
         p = [(reqs[n].params.temperature, reqs[n].params.top_p, reqs[n].params.min_p, reqs[n].params.top_k,
               reqs[n].noise_key, len(reqs[n].output_token_ids) + j)
              for n in taken for j in range(scored[n][1].num_logits)]
-        picks, start, native = self.picks(rows.contiguous(), p), 0, {}
-        for n in taken:
-            k = scored[n][1].num_logits
-            native[n], start = picks[start:start + k], start + k
-        return native
+        return _by_chunk(self.picks(rows.contiguous(), p), taken, scored)
 
     @staticmethod
     def _picks(out: ModelRunnerOutput, scored: list[tuple[int, ScheduledChunk]],
@@ -122,10 +118,8 @@ class Verifier:
         greedy = [n for n in range(len(scored)) if n not in native]
         best = dict(native)
         if greedy:
-            flat, start = first_argmax(torch.cat([_raw(out, scored[n][0]) for n in greedy])).tolist(), 0
-            for n in greedy:
-                k = scored[n][1].num_logits
-                best[n], start = flat[start:start + k], start + k
+            flat = first_argmax(torch.cat([_raw(out, scored[n][0]) for n in greedy])).tolist()
+            best |= _by_chunk(flat, greedy, scored)
         return [t for n in range(len(scored)) for t in best[n]]
 
     def _couple(self, logits: torch.Tensor, chunks: list[ScheduledChunk], reqs: list[Request],
@@ -167,17 +161,29 @@ def _raw(out: ModelRunnerOutput, i: int) -> torch.Tensor:
     return out.logits[out.cu_num_logits[i]:out.cu_num_logits[i + 1]]
 
 
+def _by_chunk(flat: list[int], which: list[int], scored: list[tuple[int, ScheduledChunk]]) -> dict[int, list[int]]:
+    """Per-row values of the chunks scored[n] for n in `which`, laid end to end -> n: its rows' values."""
+    out, start = {}, 0
+    for n in which:
+        k = scored[n][1].num_logits
+        out[n], start = flat[start:start + k], start + k
+    return out
+
+
+def _unmasked(req: Request) -> bool:
+    """No grammar, logit bias or penalties: temperature and filters are all that touch its rows."""
+    p = req.params
+    return req.grammar is None and not p.logit_bias and not p.needs_penalties
+
+
 def _plain_greedy(req: Request) -> bool:
     """A greedy request whose rows' first maximum is its token (nothing processes them)."""
-    p = req.params
-    return p.greedy and req.grammar is None and not p.logit_bias and not p.needs_penalties
+    return req.params.greedy and _unmasked(req)
 
 
 def _natively_coupled(req: Request) -> bool:
     """A coupled request whose rows need only temperature and filters before their Gumbel-max."""
-    p = req.params
-    return (req.noise_key is not None and not p.greedy and req.grammar is None and not p.logit_bias
-            and not p.needs_penalties)
+    return req.noise_key is not None and not req.params.greedy and _unmasked(req)
 
 
 def _greedy(chunks: list[ScheduledChunk], best: list[int]) -> dict[str, Verified]:
