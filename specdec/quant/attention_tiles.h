@@ -13,7 +13,6 @@
 namespace {
 
 using simd::exp8;
-using simd::hmax8;
 using simd::hsum;
 
 // Lane j of the result: a[j]'s eight lanes summed as ((0+1)+(2+3))+((4+5)+(6+7)), whatever the other
@@ -168,14 +167,11 @@ inline void pv_tile16(const float* const* p, const Rows& v, int64_t i0, int64_t 
 // Softmax in place over s[0, len): the maximum subtracted, the exponentials summed in a fixed order,
 // then each divided by the sum.
 inline void softmax_(float* s, int64_t len) {
-    __m256 mv = _mm256_set1_ps(-INFINITY);
-    int64_t t = 0;
-    for (; t + 8 <= len; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
-    float m = hmax8(mv);
-    for (int64_t u = t; u < len; ++u) m = s[u] > m ? s[u] : m;
+    const float m = simd::largest(s, len);
     const __m256 m8 = _mm256_set1_ps(m);
     __m256 sum8 = _mm256_setzero_ps();
-    for (t = 0; t + 8 <= len; t += 8) {
+    int64_t t = 0;
+    for (; t + 8 <= len; t += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), m8));
         _mm256_storeu_ps(s + t, e);
         sum8 = _mm256_add_ps(sum8, e);

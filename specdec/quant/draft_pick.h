@@ -30,15 +30,7 @@ int64_t first_max(const float* v, int64_t n, const uint8_t* never) {
     return best;
 }
 
-// The largest of v[0, n), 8 at a time (a NaN is passed over, as max_ps does).
-float largest(const float* v, int64_t n) {
-    __m256 m = _mm256_set1_ps(-INFINITY);
-    int64_t c = 0;
-    for (; c + 8 <= n; c += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(v + c));
-    float top = simd::hmax8(m);
-    for (; c < n; ++c) top = v[c] > top ? v[c] : top;
-    return top;
-}
+using simd::largest;
 
 // f(c) for each c in [0, n), in order, with v[c] > floor (8 compared at a time).
 template <class F>

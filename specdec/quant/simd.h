@@ -1,6 +1,7 @@
 // Small AVX2 helpers shared by the CPU kernels (qlinear.cpp, layer_ops.cpp, attention.cpp).
 #pragma once
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 #include <type_traits>
@@ -22,6 +23,16 @@ inline float hmax8(__m256 v) {
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     return _mm_cvtss_f32(m);
+}
+
+// The largest of v[0, n), 8 at a time (a NaN is passed over, as max_ps does).
+inline float largest(const float* v, int64_t n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(v + c));
+    float top = hmax8(m);
+    for (; c < n; ++c) top = v[c] > top ? v[c] : top;
+    return top;
 }
 
 // exp: Cephes' range reduction and polynomial, about 1 ulp; below -87 the result is 0, above 88 it
