@@ -10,9 +10,10 @@ extern "C" {
 // out: [rows, num_heads * d] contiguous. The num_heads / num_kv_heads query heads sharing a KV head
 // are done together, and so are consecutive rows whose contexts extend one another (a verification's
 // k + 1 rows): each block of 32 keys or values is read from memory once for all of them, then from the
-// L1 cache; a key chunk is loaded once for two query heads, a value chunk once for six. scores = q.k *
-// scale; softmax with the maximum subtracted; out = sum_t p_t v_t, with p normalized first. Each output's
-// operations are the same whatever it is grouped with. d a multiple of 8. kv_format: the caches' rows
+// L1 cache; a key chunk is loaded once for two query heads (AVX-512: eight, of any rows of the run), a
+// value chunk once for six. scores = q.k * scale; softmax with the maximum subtracted; out = sum_t p_t v_t,
+// with p normalized first. Each output's operations are the same whatever it is grouped with. d a
+// multiple of 8. kv_format: the caches' rows
 // (KV_FORMAT_*, kv_format.py), widened to float32 as they are read.
 void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
                int64_t kv_slots, const void* k_cache, const void* v_cache, const int64_t* ctx_slots,

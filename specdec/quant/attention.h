@@ -49,75 +49,120 @@ void blocks_of_run(int64_t r0, int64_t r1, const int64_t* ctx_len, F f) {
         }
 }
 
-// Scores of rows [r0, r1) (each against its own context) for one KV head's query heads.
+#ifdef __AVX512F__
+// A run's (row, head pair) items for qk_pairs16, row after row: the pair's queries and its two heads'
+// score rows.
+struct PairItems {
+    std::vector<const float*> q;
+    std::vector<float*> s0, s1;
+    PairItems() = default;
+    PairItems(const float* qp, int64_t r0, int64_t r1, int64_t pairs, int64_t d, const int64_t* ctx_len,
+              std::vector<std::vector<float>>& scores) {
+        for (int64_t r = r0; r < r1; ++r)
+            for (int64_t p = 0; p < pairs; ++p) {
+                q.push_back(qp + ((r - r0) * pairs + p) * 2 * d);
+                s0.push_back(scores[r - r0].data() + 2 * p * ctx_len[r]);
+                s1.push_back(s0.back() + ctx_len[r]);
+            }
+    }
+};
+
+// In the block at t0, every four keys that whole rows reach, scored for every head pair of those rows,
+// up to four items at a time (qk_pairs16: each key chunk loaded once for all of them).
+template <class Rows>
+void paired_scores(const PairItems& items, int64_t r0, int64_t r1, int64_t pairs, int64_t t0, int64_t d,
+                   const Rows& keys, const int64_t* ctx_len, float scale) {
+    const int64_t end = std::min(t0 + kTokenBlock, ctx_len[r1 - 1]), stride_bytes = keys.stride * sizeof(*keys.cache);
+    const int64_t n = (int64_t)items.q.size();
+    int64_t rb = r0;  // the first row reaching the four keys (a run's contexts grow)
+    for (int64_t t = t0; t + 4 <= end; t += 4) {
+        for (int j = 0; j < 4; ++j)
+            for (int64_t b = 0; b < stride_bytes; b += 64) keys.ahead(t + j, b);
+        while (ctx_len[rb] < t + 4) ++rb;
+        for (int64_t i = (rb - r0) * pairs; i < n; i += 4) {
+            float* out[8];
+            const int64_t m = std::min<int64_t>(4, n - i);
+            for (int64_t u = 0; u < m; ++u) out[2 * u] = items.s0[i + u] + t, out[2 * u + 1] = items.s1[i + u] + t;
+            simd::with_count<4>(m, [&](auto np) {
+                qk_pairs16<decltype(np)::value>(items.q.data() + i, keys, t, d, scale, out);
+            });
+        }
+    }
+}
+#endif
+
+// Row scores sc ([group, len]) of queries qh over keys [t0, t1), but the head pairs' keys before `paired`
+// (scored by paired_scores): query heads in pairs (a last one alone), up to four keys at once. bring: ask
+// for the rows' lines ahead (the run's first row).
+template <class Rows>
+void row_scores(const float* qh, float* sc, int64_t len, int64_t group, int64_t d, const Rows& keys, int64_t t0,
+                int64_t paired, int64_t t1, bool bring, float scale) {
+    const int64_t stride_bytes = keys.stride * (int64_t)sizeof(*keys.cache);
+    for (int64_t g = 0; g < group; g += 2) {
+        const int64_t nh = std::min<int64_t>(2, group - g);
+        const float* qs[2] = {qh + g * d, qh + (g + nh - 1) * d};
+        for (int64_t t = nh == 2 ? paired : t0; t < t1;) {
+            const int64_t nk = std::min<int64_t>(8 / nh, t1 - t);
+            const float* ks[8];
+            float* out[2] = {sc + g * len + t, sc + (g + nh - 1) * len + t};
+            for (int j = 0; j < nk; ++j) ks[j] = keys.row(t + j);
+            if (bring && g == 0)
+                for (int j = 0; j < nk; ++j)
+                    for (int64_t b = 0; b < stride_bytes; b += 64) keys.ahead(t + j, b);
+            simd::with_count<8>(nk, [&](auto n) {
+                constexpr int NK = decltype(n)::value;
+                if (nh == 2) {
+                    if constexpr (NK <= 4) qk_tile<2, NK>(qs, ks, d, scale, out);
+                } else {
+                    qk_tile<1, NK>(qs, ks, d, scale, out);
+                }
+            });
+            t += nk;
+        }
+    }
+}
+
+// Scores of rows [r0, r1) (each against its own context) for one KV head's query heads, block by block:
+// with AVX-512 every row's head pairs four keys at a time (paired_scores), then what is left row by row.
 // scores[i]: [group, ctx_len[r0 + i]].
-template <class T>
+template <class Rows>
 void run_scores(const float* q, int64_t ldq, int64_t r0, int64_t r1, int64_t group, int64_t kvh, int64_t d,
-                const T* k_cache, int64_t stride, const int64_t* slots, const int64_t* ctx_len,
-                float scale, std::vector<std::vector<float>>& scores) {
-    KvRows<T> keys{{k_cache, slots, d, stride, ctx_len[r1 - 1]}};
+                Rows& keys, const int64_t* ctx_len, float scale, std::vector<std::vector<float>>& scores) {
     const int64_t pairs = group / 2;
 #ifdef __AVX512F__
     std::vector<float> qp(pairs <= 4 ? (r1 - r0) * pairs * 2 * d : 0);
-    if (!qp.empty())
-        for (int64_t r = r0; r < r1; ++r)
-            pair_queries(q + r * ldq + kvh * group * d, pairs, d, qp.data() + (r - r0) * pairs * 2 * d);
+    for (int64_t r = r0; !qp.empty() && r < r1; ++r)
+        pair_queries(q + r * ldq + kvh * group * d, pairs, d, qp.data() + (r - r0) * pairs * 2 * d);
+    const PairItems items = qp.empty() ? PairItems() : PairItems(qp.data(), r0, r1, pairs, d, ctx_len, scores);
 #endif
-    blocks_of_run(r0, r1, ctx_len, [&](int64_t r, int64_t t0, int64_t t1) {
-        const int64_t len = ctx_len[r];
+    for (int64_t t0 = 0; t0 < ctx_len[r1 - 1]; t0 += kTokenBlock) {
         keys.begin(t0, std::min(t0 + kTokenBlock, keys.end));
         keys.plan(t0);
-        const float* qh = q + r * ldq + kvh * group * d;
-        float* sc = scores[r - r0].data();
-        int64_t paired = t0;  // the keys before it are scored for every head pair
+        bool fours = false;  // whether each row's head pairs have scored the block's whole fours of keys
 #ifdef __AVX512F__
-        for (; !qp.empty() && paired + 4 <= t1; paired += 4) {  // every pair at once, four keys at a time
-            float* out[8];
-            if (r == r0)
-                for (int j = 0; j < 4; ++j)
-                    for (int64_t b = 0; b < stride * (int64_t)sizeof(T); b += 64) keys.ahead(paired + j, b);
-            for (int64_t h = 0; h < 2 * pairs; ++h) out[h] = sc + h * len + paired;
-            simd::with_count<4>(pairs, [&](auto n) {
-                qk_pairs16<decltype(n)::value>(qp.data() + (r - r0) * pairs * 2 * d, keys, paired, d, scale, out);
-            });
-        }
+        fours = !items.q.empty();
+        if (fours) paired_scores(items, r0, r1, pairs, t0, d, keys, ctx_len, scale);
 #endif
-        for (int64_t g = 0; g < group; g += 2) {  // query heads in pairs (a last one alone), four keys at once
-            const int64_t nh = std::min<int64_t>(2, group - g);
-            const float* qs[2] = {qh + g * d, qh + (g + nh - 1) * d};
-            int64_t t = nh == 2 ? paired : t0;
-            while (t < t1) {
-                const int64_t nk = std::min<int64_t>(8 / nh, t1 - t);
-                const float* ks[8];
-                float* out[2] = {sc + g * len + t, sc + (g + nh - 1) * len + t};
-                for (int j = 0; j < nk; ++j) ks[j] = keys.row(t + j);
-                if (r == r0 && g == 0)  // the first row's first pass brings the rows in
-                    for (int j = 0; j < nk; ++j)
-                        for (int64_t b = 0; b < stride * (int64_t)sizeof(T); b += 64) keys.ahead(t + j, b);
-                simd::with_count<8>(nk, [&](auto n) {
-                    constexpr int NK = decltype(n)::value;
-                    if (nh == 2) {
-                        if constexpr (NK <= 4) qk_tile<2, NK>(qs, ks, d, scale, out);
-                    } else {
-                        qk_tile<1, NK>(qs, ks, d, scale, out);
-                    }
-                });
-                t += nk;
-            }
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t len = ctx_len[r], t1 = std::min(t0 + kTokenBlock, len);
+            if (t0 < t1)
+                row_scores(q + r * ldq + kvh * group * d, scores[r - r0].data(), len, group, d, keys, t0,
+                           fours ? t0 + (t1 - t0) / 4 * 4 : t0, t1, r == r0, scale);
         }
-    });
+    }
 }
 
-// acc[i] ([group, d]) = the probabilities of rows [r0, r1) times the values; each output sums over t in
-// order, as one pass would, in registers over a block.
-template <class T>
-void run_values(int64_t r0, int64_t r1, int64_t group, int64_t d, const T* v_cache, int64_t stride,
-                const int64_t* slots, const int64_t* ctx_len, const std::vector<std::vector<float>>& scores,
-                std::vector<std::vector<float>>& acc) {
-    KvRows<T> values{{v_cache, slots, d, stride, ctx_len[r1 - 1]}};
+// acc[i] ([group, d]) = the probabilities of rows [r0, r1) times the values, read through `values`; each output sums over t in order, as one pass would, in registers over a block.
+template <class Rows>
+void run_values(int64_t r0, int64_t r1, int64_t group, int64_t d, Rows& values, const int64_t* ctx_len,
+                const std::vector<std::vector<float>>& scores, std::vector<std::vector<float>>& acc) {
     blocks_of_run(r0, r1, ctx_len, [&](int64_t r, int64_t t0, int64_t t1) {
         values.begin(t0, std::min(t0 + kTokenBlock, values.end));
         values.plan(t0);
+#ifdef __AVX512F__
+        decltype(row_at(values, t0)) rows[kTokenBlock];  // looked up once for every head and chunk
+        for (int64_t t = t0; t < t1; ++t) rows[t - t0] = row_at(values, t);
+#endif
         for (int64_t g = 0; g < group; g += 6) {  // up to six query heads share each value chunk
             const int64_t nh = std::min<int64_t>(6, group - g);
             const float* ps[6];
@@ -131,8 +176,8 @@ void run_values(int64_t r0, int64_t r1, int64_t group, int64_t d, const T* v_cac
                 constexpr int NH = decltype(n)::value;
                 int64_t i0 = 0;
 #ifdef __AVX512F__
-                for (; i0 + 64 <= d; i0 += 64) pv_tile16<NH, 4>(ps, values, i0, t0, t1, accs, first);
-                for (; i0 + 16 <= d; i0 += 16) pv_tile16<NH, 1>(ps, values, i0, t0, t1, accs, first);
+                for (; i0 + 64 <= d; i0 += 64) pv_tile16<NH, 4>(ps, values, rows, i0, t0, t1, accs, first);
+                for (; i0 + 16 <= d; i0 += 16) pv_tile16<NH, 1>(ps, values, rows, i0, t0, t1, accs, first);
 #endif
                 for (; i0 + 16 <= d; i0 += 16) pv_tile<NH, 2>(ps, values, i0, t0, t1, accs, first);
                 if (i0 < d) pv_tile<NH, 1>(ps, values, i0, t0, t1, accs, first);
@@ -162,10 +207,11 @@ void attend(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_
                 acc[r - r0].assign(group * d, 0.f);
             }
             const T *keys = k_cache + kvh * kv_slots * stride, *values = v_cache + kvh * kv_slots * stride;
-            run_scores(q, ldq, r0, r1, group, kvh, d, keys, stride, slots, ctx_len, scale, scores);
+            KvRows<T> k_rows{{keys, slots, d, stride, ctx_len[r1 - 1]}}, v_rows{{values, slots, d, stride, ctx_len[r1 - 1]}};
+            run_scores(q, ldq, r0, r1, group, kvh, d, k_rows, ctx_len, scale, scores);
             for (int64_t r = r0; r < r1; ++r)
                 for (int64_t g = 0; g < group; ++g) softmax_(scores[r - r0].data() + g * ctx_len[r], ctx_len[r]);
-            run_values(r0, r1, group, d, values, stride, slots, ctx_len, scores, acc);
+            run_values(r0, r1, group, d, v_rows, ctx_len, scores, acc);
             for (int64_t r = r0; r < r1; ++r) {
                 float* o = out + r * num_heads * d + kvh * group * d;
                 for (int64_t i = 0; i < group * d; ++i) o[i] = acc[r - r0][i];

@@ -42,8 +42,12 @@ struct KvSource {
 
 // A row of the 16- or 8-bit formats widened to float32 (kv_format.py's reading).
 inline void widen(const uint16_t* src, int64_t d, float* dst) {
-    for (int64_t i = 0; i < d; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
+    int64_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= d; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + i))));
+#endif
+    for (; i < d; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
 }
 
 inline void widen(const int8_t* src, int64_t d, float* dst) {
@@ -51,8 +55,15 @@ inline void widen(const int8_t* src, int64_t d, float* dst) {
     for (int64_t g = 0; g < d / group; ++g) {
         float scale;
         memcpy(&scale, src + d + 4 * g, 4);
+        int64_t i = g * group;
+#ifdef __AVX512F__
+        for (; i + 16 <= (g + 1) * group; i += 16) {
+            const __m512i codes = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(src + i)));
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(scale)));
+        }
+#endif
         const __m256 s = _mm256_set1_ps(scale);
-        for (int64_t i = g * group; i < (g + 1) * group; i += 8) {
+        for (; i < (g + 1) * group; i += 8) {
             const __m256i codes = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(src + i)));
             _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(codes), s));
         }
@@ -85,24 +96,25 @@ struct KvRows<float> : KvSource<float> {  // read in place
 };
 
 #ifdef __AVX512F__
-// 16 values of row t from element i as floats: a float16 cache's widened in the register, others read
-// as row() gives them; the same floats either way.
-inline __m512 load16(const KvRows<uint16_t>& v, int64_t t, int64_t i) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(v.source(t) + i)));
-}
+// Row t as the AVX-512 tiles read it: a float16 cache's in place (widened in the register), others as
+// row() gives them. Looked up once per row, then read chunk by chunk below.
+inline const uint16_t* row_at(const KvRows<uint16_t>& v, int64_t t) { return v.source(t); }
 template <class Rows>
-inline __m512 load16(const Rows& v, int64_t t, int64_t i) {
-    return _mm512_loadu_ps(v.row(t) + i);
+inline const float* row_at(const Rows& v, int64_t t) {
+    return v.row(t);
 }
 
-// 8 values of row t from element i, as load16 reads them, in both halves of a 16-float vector.
-inline __m512 both8(const KvRows<uint16_t>& v, int64_t t, int64_t i) {
-    const __m256d c = _mm256_castps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v.source(t) + i))));
+// 16 values from p as floats: the same floats from either kind of row.
+inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+// 8 values from p, as load16 reads them, in both halves of a 16-float vector.
+inline __m512 both8(const uint16_t* p) {
+    const __m256d c = _mm256_castps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)));
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(c), c, 1));
 }
-template <class Rows>
-inline __m512 both8(const Rows& v, int64_t t, int64_t i) {
-    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(v.row(t) + i))));
+inline __m512 both8(const float* p) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
 }
 #endif
 

@@ -88,25 +88,43 @@ inline void pair_queries(const float* qh, int64_t pairs, int64_t d, float* out) 
         }
 }
 
-// qk_tile<2, 4> for NP head pairs at once (qp: pair_queries) and keys t .. t + 3, a pair's two products
-// with one key in the two halves of a 16-float vector: each product's multiply-adds and sum are
-// qk_tile<2, 4>'s, and each key chunk is loaded once for all 2 * NP heads. s[2p], s[2p + 1]: pair p's
-// heads' four scores.
+// _mm256_hadd_ps on each 256-bit half: [a0 + a1, a2 + a3, b0 + b1, b2 + b3] a 128-bit lane.
+inline __m512 hadd16(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+// store_scores<2, 4> of a pair's four keys, acc[j] holding hsum8's a[j] (head 0) and a[4 + j] (head 1)
+// in its halves: the same tree of additions (hsum8's hadds, a half at a time, then its halves' sum), in
+// 16-float vectors. s0, s1: the two heads' four scores.
+inline void store_pair_scores(const __m512* acc, float scale, float* s0, float* s1) {
+    const __m512 u = hadd16(hadd16(acc[0], acc[1]), hadd16(acc[2], acc[3]));  // [u0 | u1] of hsum8
+    const __m512 dots = _mm512_mul_ps(_mm512_add_ps(u, _mm512_shuffle_f32x4(u, u, 0xB1)), _mm512_set1_ps(scale));
+    _mm_storeu_ps(s0, _mm512_castps512_ps128(dots));
+    _mm_storeu_ps(s1, _mm512_extractf32x4_ps(dots, 2));
+}
+
+// qk_tile<2, 4> for NP head pairs at once (qp[p]: a pair's pair_queries, of any row) and keys t .. t + 3, a
+// pair's two products with one key in the two halves of a 16-float vector: each product's multiply-adds
+// and sum are qk_tile<2, 4>'s, and each key chunk is loaded once for all 2 * NP heads. s[2p], s[2p + 1]:
+// pair p's heads' four scores.
 template <int NP, class Rows>
-inline void qk_pairs16(const float* qp, const Rows& keys, int64_t t, int64_t d, float scale, float* const* s) {
+inline void qk_pairs16(const float* const* qp, const Rows& keys, int64_t t, int64_t d, float scale,
+                       float* const* s) {
     __m512 acc[NP][4];
     for (int p = 0; p < NP; ++p)
         for (int j = 0; j < 4; ++j) acc[p][j] = _mm512_setzero_ps();
+    const auto* k0 = row_at(keys, t);
+    decltype(k0) k[4] = {k0, row_at(keys, t + 1), row_at(keys, t + 2), row_at(keys, t + 3)};
     for (int64_t i = 0; i < d; i += 8) {
         __m512 kc[4];
-        for (int j = 0; j < 4; ++j) kc[j] = both8(keys, t + j, i);  // keys t .. t + 3, the chunk in both halves
+        for (int j = 0; j < 4; ++j) kc[j] = both8(k[j] + i);  // keys t .. t + 3, the chunk in both halves
         for (int p = 0; p < NP; ++p) {
-            const __m512 qc = _mm512_loadu_ps(qp + 2 * (p * d + i));
+            const __m512 qc = _mm512_loadu_ps(qp[p] + 2 * i);
             for (int j = 0; j < 4; ++j) acc[p][j] = _mm512_fmadd_ps(qc, kc[j], acc[p][j]);
         }
     }
     for (int p = 0; p < NP; ++p) {
-        __m256 a[8];  // qk_tile<2, 4>'s accumulators: head 2p's four keys, then head 2p + 1's
+        __m256 a[8];
         for (int j = 0; j < 4; ++j) {
             a[j] = _mm512_castps512_ps256(acc[p][j]);
             a[4 + j] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][j]), 1));
@@ -141,19 +159,21 @@ inline void pv_tile(const float* const* p, const Rows& v, int64_t i0, int64_t t0
 
 #ifdef __AVX512F__
 // pv_tile in 16-float vectors: each output element's multiply-adds are pv_tile's, in the same order.
-// Up to six heads by four vectors (64 values of a row) stay in the 32 registers.
-template <int NH, int W, class Rows>
-inline void pv_tile16(const float* const* p, const Rows& v, int64_t i0, int64_t t0, int64_t t1, float* const* acc,
-                      bool ahead) {
+// Up to six heads by four vectors (64 values of a row) stay in the 32 registers. rows[t - t0]: value row
+// t as row_at gives it.
+template <int NH, int W, class Rows, class E>
+inline void pv_tile16(const float* const* p, const Rows& v, const E* const* rows, int64_t i0, int64_t t0, int64_t t1,
+                      float* const* acc, bool ahead) {
     __m512 r[NH][W];
     for (int h = 0; h < NH; ++h)
         for (int w = 0; w < W; ++w) r[h][w] = _mm512_loadu_ps(acc[h] + i0 + 16 * w);
-    const int64_t bytes = sizeof(*v.cache);
+    const int64_t bytes = sizeof(*v.cache);  // the cache's element: ahead() asks for the source row's lines
     for (int64_t t = t0; t < t1; ++t) {
         if (ahead)
             for (int64_t b = i0 * bytes; b < (i0 + 16 * W) * bytes; b += 64) v.ahead(t, b);
+        const E* vt = rows[t - t0] + i0;
         __m512 vc[W];
-        for (int w = 0; w < W; ++w) vc[w] = load16(v, t, i0 + 16 * w);
+        for (int w = 0; w < W; ++w) vc[w] = load16(vt + 16 * w);
         for (int h = 0; h < NH; ++h) {
             const __m512 pt = _mm512_set1_ps(p[h][t]);
             for (int w = 0; w < W; ++w) r[h][w] = _mm512_fmadd_ps(pt, vc[w], r[h][w]);
@@ -171,6 +191,14 @@ inline void softmax_(float* s, int64_t len) {
     const __m256 m8 = _mm256_set1_ps(m);
     __m256 sum8 = _mm256_setzero_ps();
     int64_t t = 0;
+#ifdef __AVX512F__
+    for (const __m512 m16 = _mm512_set1_ps(m); t + 16 <= len; t += 16) {  // the sum as two steps of 8
+        const __m512 e = simd::exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), m16));
+        _mm512_storeu_ps(s + t, e);
+        sum8 = _mm256_add_ps(sum8, _mm512_castps512_ps256(e));
+        sum8 = _mm256_add_ps(sum8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+#endif
     for (; t + 8 <= len; t += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), m8));
         _mm256_storeu_ps(s + t, e);
@@ -184,7 +212,12 @@ inline void softmax_(float* s, int64_t len) {
         for (int64_t u = t; u < len; ++u) { s[u] = tail[u - t]; sum += s[u]; }
     }
     const __m256 inv = _mm256_set1_ps(sum);
-    for (t = 0; t + 8 <= len; t += 8) _mm256_storeu_ps(s + t, _mm256_div_ps(_mm256_loadu_ps(s + t), inv));
+    t = 0;
+#ifdef __AVX512F__
+    for (const __m512 inv16 = _mm512_set1_ps(sum); t + 16 <= len; t += 16)
+        _mm512_storeu_ps(s + t, _mm512_div_ps(_mm512_loadu_ps(s + t), inv16));
+#endif
+    for (; t + 8 <= len; t += 8) _mm256_storeu_ps(s + t, _mm256_div_ps(_mm256_loadu_ps(s + t), inv));
     for (; t < len; ++t) s[t] /= sum;
 }
 
