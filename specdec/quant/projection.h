@@ -11,6 +11,7 @@
 #include "kernels.h"
 #include "qlinear.h"
 #include "tiles_rows16_g64.h"
+#include "tiles_rows16_many.h"
 
 namespace {
 
@@ -157,6 +158,13 @@ class Rows16Reader final : public ColumnReader {
         tile_columns(j0, j1, [&](int64_t t, int lo, int hi) {
             const uint8_t* tile = p.tiles + t * supers * kBytes;
             prefetch_lines(tile, kBytes);  // the tiles ask for the super-block after their own
+#ifdef __AVX512VNNI__
+            if (r1 - r0 > 8) {  // past one register tile: every row in one pass (tiles_rows16_many.h)
+                rows16_many<BITS>(xq_.get() + r0 * k_, dx_.get() + r0 * supers, isums_.get() + r0 * groups, k_, tile,
+                                  y + r0 * ldy + t * 16, ldy, lo, hi, r1 - r0);
+                return;
+            }
+#endif
             balanced_tiles(r0, r1, [&](auto mt, int64_t r) {
                 rows16<BITS, decltype(mt)::value>(xq_.get() + r * k_, dx_.get() + r * supers, isums_.get() + r * groups,
                                                   k_, tile, y + r * ldy + t * 16, ldy, lo, hi);
@@ -246,11 +254,12 @@ inline void part_runs(const std::vector<int64_t>& start, int64_t j0, int64_t j1,
 
 // Rows from which a call is a prompt's: a thread takes a tile of features whose codes fill about
 // kPromptTileBytes of L2 and runs every row through it, kPromptSpan rows at a time (their int8
-// activations stay in L2 too), so the weights come from memory once per call, not once per row block
-// (ffn_down's 8-row blocks read its codes 32 times for 256 rows).
+// activations stay in L2 too; a tiled K-quant decodes each group once for the span's rows), so the
+// weights come from memory once per call, not once per row block (ffn_down's 8-row blocks read its codes
+// 32 times for 256 rows).
 constexpr int64_t kPromptRows = 32;
 constexpr int64_t kPromptTileBytes = 96 * 1024;
-constexpr int64_t kPromptSpan = 12;
+constexpr int64_t kPromptSpan = 32;
 
 // A prompt's rows through every feature: each thread takes a tile of features (whole row-interleaved
 // tiles of 16) and runs every row through them, kPromptSpan rows at a time.

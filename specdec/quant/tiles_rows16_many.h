@@ -1,0 +1,139 @@
+// Multi-row products on the row-interleaved K-quant tiles (tiles_rows16.h), AVX-512 VNNI: every row of a
+// verification (or of a prompt's span) through a tile column in one pass, each group's codes decoded
+// once for all of them. The register tiles of tiles_rows16.h hold up to 8 rows' sums in registers and
+// decode the codes again for each tile of rows; past 8 rows this kernel keeps each row's running sums in
+// memory instead (a load and a store beside every scale multiply, on ports the multiply-adds do not use)
+// and runs two rows' chains side by side. Each row's integers and its two float operations a super-block
+// are those of rows16: the same bits for any row count.
+#pragma once
+#include "tiles_rows16.h"
+
+namespace {
+
+#ifdef __AVX512VNNI__
+constexpr int kManyRows = 32;  // rows of one pass, at most
+
+// codes . (the 4 bytes at x, in every lane) from zero: the zeroing idiom in the same asm, so that the
+// compiler does not copy a zero register into each chain (a move the vector ports would execute).
+inline __m512i dpbusd_new(__m512i codes, const int8_t* x) {
+    __m512i acc;
+    __asm__("vpxord %0, %0, %0\n\tvpdpbusd %2%{1to16%}, %1, %0" : "=&v"(acc) : "v"(codes), "m"(*(const word32*)x));
+    return acc;
+}
+
+// x_row . codes over 4 runs of 4 values (u), from zero.
+inline __m512i runs_dot(const __m512i* u, const int8_t* x) {
+    __m512i h = dpbusd_new(u[0], x);
+    for (int i = 1; i < 4; ++i) h = dpbusd_at(h, u[i], x + 4 * i);
+    return h;
+}
+
+// Q4_K: rows16_q4k for `rows` rows (at most kManyRows); lanes [lo, hi) written.
+inline void many_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int64_t k, const uint8_t* t, float* y,
+                     int64_t ldy, int lo, int hi, int rows) {
+    const int64_t supers = k / 256, groups = k / 32;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    __m512 acc[kManyRows];
+    __m512i s[kManyRows];
+    for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes) {
+        prefetch_lines(t + kRows16Bytes, kRows16Bytes);
+        prefetch_l2(t + 3 * kRows16Bytes, kRows16Bytes);
+        const __m512 d = _mm512_cvtph_ps(load256(t + kDAt)), dm = _mm512_cvtph_ps(load256(t + kDminAt));
+        __m512i mp[4];
+        for (int p = 0; p < 4; ++p) mp[p] = _mm512_cvtepu8_epi16(load256(t + kMinsAt + 32 * p));
+        for (int r = 0; r < rows; ++r) {
+            const int16_t* x = xs + r * groups + sb * 8;
+            __m512i m = zero;
+            for (int p = 0; p < 4; ++p) m = _mm512_dpwssd_epi32(m, mp[p], _mm512_set1_epi32(load_pair(x + 2 * p)));
+            acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, _mm512_set1_ps(dx[r * supers + sb])), _mm512_cvtepi32_ps(m),
+                                      acc[r]);
+            s[r] = zero;
+        }
+        for (int g = 0; g < 8; ++g) {
+            const uint8_t* c = t + kCodesAt + 256 * g;
+            __m512i low[4], high[4];
+            for (int i = 0; i < 4; ++i) {
+                const __m512i raw = _mm512_loadu_si512(c + 64 * i);
+                low[i] = _mm512_and_si512(raw, m4);
+                high[i] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+            }
+            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + kSubAt + 16 * g)));
+            const int8_t* x = xq + sb * 256 + 32 * g;
+            int r = 0;
+            for (; r + 2 <= rows; r += 2) {  // rows16's half-group order: low half, then high, a row at a time
+                const int8_t *x0 = x + r * k, *x1 = x0 + k;
+                const __m512i a0 = runs_dot(low, x0), a1 = runs_dot(low, x1);
+                const __m512i b0 = runs_dot(high, x0 + 16), b1 = runs_dot(high, x1 + 16);
+                s[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(s[r], a0, sc), b0, sc);
+                s[r + 1] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(s[r + 1], a1, sc), b1, sc);
+            }
+            if (r < rows)
+                s[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(s[r], runs_dot(low, x + r * k), sc),
+                                           runs_dot(high, x + r * k + 16), sc);
+        }
+        for (int r = 0; r < rows; ++r)
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * supers + sb])), _mm512_cvtepi32_ps(s[r]),
+                                     acc[r]);
+    }
+    const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+    for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+}
+
+// Q6_K: rows16_q6k for `rows` rows (at most kManyRows); lanes [lo, hi) written.
+inline void many_q6k(const int8_t* xq, const float* dx, const int16_t* xs, int64_t k, const uint8_t* t, float* y,
+                     int64_t ldy, int lo, int hi, int rows) {
+    const int64_t supers = k / 256, groups = k / 16;
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[kManyRows];
+    __m512i s[kManyRows];
+    for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes6) {
+        prefetch_lines(t + kRows16Bytes6, kRows16Bytes6);
+        prefetch_l2(t + 3 * kRows16Bytes6, kRows16Bytes6);
+        __m512i sp[8];
+        for (int p = 0; p < 8; ++p) sp[p] = _mm512_cvtepi8_epi16(load256(t + 32 * p));
+        for (int r = 0; r < rows; ++r) {  // S starts at -32 * sum_g sub[g] * (sum of xq_g)
+            const int16_t* x = xs + r * groups + sb * 16;
+            __m512i c = zero;
+            for (int p = 0; p < 8; ++p) c = _mm512_dpwssd_epi32(c, sp[p], _mm512_set1_epi32(load_pair(x + 2 * p)));
+            s[r] = _mm512_sub_epi32(zero, _mm512_slli_epi32(c, 5));
+        }
+        for (int p = 0; p < 8; ++p)
+            for (int odd = 0; odd < 2; ++odd) {
+                __m512i u[4];
+                runs6(t + kCodes6At + 384 * p, odd, u);
+                const __m512i sw = _mm512_cvtepi8_epi16(load256(t + 32 * p));
+                const __m512i sc = odd ? _mm512_srai_epi32(sw, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sw, 16), 16);
+                const int8_t* x = xq + sb * 256 + 32 * p + 16 * odd;
+                int r = 0;
+                for (; r + 2 <= rows; r += 2) {
+                    const __m512i a0 = runs_dot(u, x + r * k), a1 = runs_dot(u, x + (r + 1) * k);
+                    s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(a0, sc));
+                    s[r + 1] = _mm512_add_epi32(s[r + 1], _mm512_mullo_epi32(a1, sc));
+                }
+                if (r < rows) s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(runs_dot(u, x + r * k), sc));
+            }
+        const __m512 d = _mm512_cvtph_ps(load256(t + kD6At));
+        for (int r = 0; r < rows; ++r)
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * supers + sb])), _mm512_cvtepi32_ps(s[r]),
+                                     acc[r]);
+    }
+    const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+    for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+}
+
+// Rows [0, rows) of Q4_K (BITS 4) or Q6_K (BITS 6) through one tile column, kManyRows at a time.
+template <int BITS>
+inline void rows16_many(const int8_t* xq, const float* dx, const int16_t* xs, int64_t k, const uint8_t* t, float* y,
+                        int64_t ldy, int lo, int hi, int64_t rows) {
+    const int64_t supers = k / 256, groups = k / (BITS == 4 ? 32 : 16);
+    for (int64_t r = 0; r < rows; r += kManyRows) {
+        const int n = (int)std::min<int64_t>(kManyRows, rows - r);
+        if constexpr (BITS == 4) many_q4k(xq + r * k, dx + r * supers, xs + r * groups, k, t, y + r * ldy, ldy, lo, hi, n);
+        else many_q6k(xq + r * k, dx + r * supers, xs + r * groups, k, t, y + r * ldy, ldy, lo, hi, n);
+    }
+}
+#endif
+
+}  // namespace
