@@ -10,7 +10,7 @@ extern "C" {
 // out: [rows, num_heads * d] contiguous. The num_heads / num_kv_heads query heads sharing a KV head
 // are done together, and so are consecutive rows whose contexts extend one another (a verification's
 // k + 1 rows): each block of 32 keys or values is read from memory once for all of them, then from the
-// L1 cache; a key chunk is loaded once for two query heads (AVX-512: eight, of any rows of the run), a
+// L1 cache; a key chunk is loaded once for two query heads (AVX-512: ten, of any rows of the run), a
 // value chunk once for six. scores = q.k * scale; softmax with the maximum subtracted; out = sum_t p_t v_t,
 // with p normalized first. Each output's operations are the same whatever it is grouped with. d a
 // multiple of 8. kv_format: the caches' rows

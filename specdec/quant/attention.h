@@ -67,8 +67,12 @@ struct PairItems {
     }
 };
 
+// Head pairs a key chunk is loaded for: 20 accumulators, 4 key chunks and a query in the 32 registers (a
+// five-row verification of the 1.5B: 15 pairs, three loads of each chunk).
+constexpr int kPairTile = 5;
+
 // In the block at t0, every four keys that whole rows reach, scored for every head pair of those rows,
-// up to four items at a time (qk_pairs16: each key chunk loaded once for all of them).
+// up to kPairTile items at a time (qk_pairs16: each key chunk loaded once for all of them).
 template <class Rows>
 void paired_scores(const PairItems& items, int64_t r0, int64_t r1, int64_t pairs, int64_t t0, int64_t d,
                    const Rows& keys, const int64_t* ctx_len, float scale) {
@@ -79,11 +83,11 @@ void paired_scores(const PairItems& items, int64_t r0, int64_t r1, int64_t pairs
         for (int j = 0; j < 4; ++j)
             for (int64_t b = 0; b < stride_bytes; b += 64) keys.ahead(t + j, b);
         while (ctx_len[rb] < t + 4) ++rb;
-        for (int64_t i = (rb - r0) * pairs; i < n; i += 4) {
-            float* out[8];
-            const int64_t m = std::min<int64_t>(4, n - i);
+        for (int64_t i = (rb - r0) * pairs; i < n; i += kPairTile) {
+            float* out[2 * kPairTile];
+            const int64_t m = std::min<int64_t>(kPairTile, n - i);
             for (int64_t u = 0; u < m; ++u) out[2 * u] = items.s0[i + u] + t, out[2 * u + 1] = items.s1[i + u] + t;
-            simd::with_count<4>(m, [&](auto np) {
+            simd::with_count<kPairTile>(m, [&](auto np) {
                 qk_pairs16<decltype(np)::value>(items.q.data() + i, keys, t, d, scale, out);
             });
         }
