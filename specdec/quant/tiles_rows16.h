@@ -45,13 +45,65 @@ inline __m512i dpbusd_at(__m512i acc, __m512i codes, const int8_t* x) {
     return acc;
 }
 
+// What rows16_q4k / rows16_q6k and their one-pass forms (tiles_rows16_many.h) compute alike, per row and
+// super-block, so that both give the same bits.
+
+// Q4_K: acc - dmin * dx * M, M = sum_g m[g] * (sum of xq_g) (x: the row's 8 group sums of the super-block,
+// mp: its minimums widened to int16 pairs).
+inline __m512 q4k_minus_mins(__m512 acc, const __m512i* mp, const int16_t* x, __m512 dm, float dx) {
+    __m512i m = _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) m = _mm512_dpwssd_epi32(m, mp[p], _mm512_set1_epi32(load_pair(x + 2 * p)));
+    return _mm512_fnmadd_ps(_mm512_mul_ps(dm, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(m), acc);
+}
+
+// Q4_K group g's four runs of codes (c: the group's 256 bytes), low nibbles and high.
+inline void q4k_runs(const uint8_t* c, __m512i* low, __m512i* high) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int i = 0; i < 4; ++i) {
+        const __m512i raw = _mm512_loadu_si512(c + 64 * i);
+        low[i] = _mm512_and_si512(raw, m4);
+        high[i] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+    }
+}
+
+// Q4_K group g's scale as (sub, 0) int16 pairs: a half-group's sum (16 products, |.| <= 30480) fits the
+// low word.
+inline __m512i q4k_scale(const uint8_t* t, int g) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + kSubAt + 16 * g)));
+}
+
+// Q6_K: S's start, -32 * sum_g sub[g] * (sum of xq_g) (x: the row's 16 group sums of the super-block, sp:
+// its scales widened to int16 pairs).
+inline __m512i q6k_start(const __m512i* sp, const int16_t* x) {
+    __m512i c = _mm512_setzero_si512();
+    for (int p = 0; p < 8; ++p) c = _mm512_dpwssd_epi32(c, sp[p], _mm512_set1_epi32(load_pair(x + 2 * p)));
+    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(c, 5));
+}
+
+// Q6_K group 2p + odd's scale, an int32 a lane.
+inline __m512i q6k_scale(const uint8_t* t, int p, int odd) {
+    const __m512i sw = _mm512_cvtepi8_epi16(load256(t + 32 * p));  // (sub[2p], sub[2p + 1]) a lane
+    return odd ? _mm512_srai_epi32(sw, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sw, 16), 16);
+}
+
+// The super-block's flush: acc + d * dx * S.
+inline __m512 flush(__m512 acc, __m512 d, float dx, __m512i s) {
+    return _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(s), acc);
+}
+
+// Lanes [lo, hi) of each of n rows' accumulators to y (the tile's first feature).
+inline void store_lanes(const __m512* acc, int n, float* y, int64_t ldy, int lo, int hi) {
+    const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+    for (int r = 0; r < n; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+}
+
 // MT rows through one tile column (16 features, every super-block); lanes [lo, hi) of each row written
 // to y (the tile's first feature).
 template <int MT>
 inline void rows16_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int64_t k, const uint8_t* t, float* y,
                        int64_t ldy, int lo, int hi) {
     const int64_t supers = k / 256, groups = k / 32;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    const __m512i zero = _mm512_setzero_si512();
     __m512 acc[MT];
     for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes) {
@@ -60,25 +112,13 @@ inline void rows16_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int
         const __m512 d = _mm512_cvtph_ps(load256(t + kDAt)), dm = _mm512_cvtph_ps(load256(t + kDminAt));
         __m512i mp[4];
         for (int p = 0; p < 4; ++p) mp[p] = _mm512_cvtepu8_epi16(load256(t + kMinsAt + 32 * p));
-        for (int r = 0; r < MT; ++r) {
-            const int16_t* x = xs + r * groups + sb * 8;
-            __m512i m = zero;
-            for (int p = 0; p < 4; ++p) m = _mm512_dpwssd_epi32(m, mp[p], _mm512_set1_epi32(load_pair(x + 2 * p)));
-            const __m512 dmx = _mm512_mul_ps(dm, _mm512_set1_ps(dx[r * supers + sb]));
-            acc[r] = _mm512_fnmadd_ps(dmx, _mm512_cvtepi32_ps(m), acc[r]);
-        }
+        for (int r = 0; r < MT; ++r) acc[r] = q4k_minus_mins(acc[r], mp, xs + r * groups + sb * 8, dm, dx[r * supers + sb]);
         __m512i s[MT];
         for (int r = 0; r < MT; ++r) s[r] = zero;
         for (int g = 0; g < 8; ++g) {
-            const uint8_t* c = t + kCodesAt + 256 * g;
             __m512i low[4], high[4];
-            for (int i = 0; i < 4; ++i) {
-                const __m512i raw = _mm512_loadu_si512(c + 64 * i);
-                low[i] = _mm512_and_si512(raw, m4);
-                high[i] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-            }
-            // (sub, 0) as int16 pairs: a half-group's sum (16 products, |.| <= 30480) fits the low word
-            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + kSubAt + 16 * g)));
+            q4k_runs(t + kCodesAt + 256 * g, low, high);
+            const __m512i sc = q4k_scale(t, g);
             // each half-group a row at a time, the rows' chains interleaved (independent neighbours)
             const int8_t* x = xq + sb * 256 + 32 * g;
             for (int half = 0; half < 2; ++half) {
@@ -90,13 +130,9 @@ inline void rows16_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int
                 for (int r = 0; r < MT; ++r) s[r] = _mm512_dpwssd_epi32(s[r], h[r], sc);
             }
         }
-        for (int r = 0; r < MT; ++r) {
-            const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * supers + sb]));
-            acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s[r]), acc[r]);
-        }
+        for (int r = 0; r < MT; ++r) acc[r] = flush(acc[r], d, dx[r * supers + sb], s[r]);
     }
-    const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-    for (int r = 0; r < MT; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+    store_lanes(acc, MT, y, ldy, lo, hi);
 }
 // Group 2p + odd's four runs of 4 values (c: its pair's codes) as unsigned bytes 0..63.
 inline void runs6(const uint8_t* c, int odd, __m512i* u) {
@@ -123,18 +159,12 @@ inline void rows16_q6k(const int8_t* xq, const float* dx, const int16_t* xs, int
         prefetch_l2(t + 3 * kRows16Bytes6, kRows16Bytes6);
         __m512i sp[8], s[MT];
         for (int p = 0; p < 8; ++p) sp[p] = _mm512_cvtepi8_epi16(load256(t + 32 * p));
-        for (int r = 0; r < MT; ++r) {  // S starts at -32 * sum_g sub[g] * (sum of xq_g)
-            const int16_t* x = xs + r * groups + sb * 16;
-            __m512i c = zero;
-            for (int p = 0; p < 8; ++p) c = _mm512_dpwssd_epi32(c, sp[p], _mm512_set1_epi32(load_pair(x + 2 * p)));
-            s[r] = _mm512_sub_epi32(zero, _mm512_slli_epi32(c, 5));
-        }
+        for (int r = 0; r < MT; ++r) s[r] = q6k_start(sp, xs + r * groups + sb * 16);
         for (int p = 0; p < 8; ++p)
             for (int odd = 0; odd < 2; ++odd) {
                 __m512i u[4];
                 runs6(t + kCodes6At + 384 * p, odd, u);
-                const __m512i sw = _mm512_cvtepi8_epi16(load256(t + 32 * p));  // (sub[2p], sub[2p + 1]) a lane
-                const __m512i sc = odd ? _mm512_srai_epi32(sw, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sw, 16), 16);
+                const __m512i sc = q6k_scale(t, p, odd);
                 const int8_t* x = xq + sb * 256 + 32 * p + 16 * odd;
                 __m512i h[MT];
                 for (int r = 0; r < MT; ++r) h[r] = zero;
@@ -143,12 +173,9 @@ inline void rows16_q6k(const int8_t* xq, const float* dx, const int16_t* xs, int
                 for (int r = 0; r < MT; ++r) s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(h[r], sc));
             }
         const __m512 d = _mm512_cvtph_ps(load256(t + kD6At));
-        for (int r = 0; r < MT; ++r)
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * supers + sb])), _mm512_cvtepi32_ps(s[r]),
-                                     acc[r]);
+        for (int r = 0; r < MT; ++r) acc[r] = flush(acc[r], d, dx[r * supers + sb], s[r]);
     }
-    const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-    for (int r = 0; r < MT; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+    store_lanes(acc, MT, y, ldy, lo, hi);
 }
 
 // MT rows through one tile column of Q4_K (BITS 4) or Q6_K (BITS 6), lanes [lo, hi) written.

@@ -32,7 +32,6 @@ inline __m512i runs_dot(const __m512i* u, const int8_t* x) {
 inline void many_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int64_t k, const uint8_t* t, float* y,
                      int64_t ldy, int lo, int hi, int rows) {
     const int64_t supers = k / 256, groups = k / 32;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
     __m512 acc[kManyRows];
     __m512i s[kManyRows];
     for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
@@ -43,22 +42,13 @@ inline void many_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int64
         __m512i mp[4];
         for (int p = 0; p < 4; ++p) mp[p] = _mm512_cvtepu8_epi16(load256(t + kMinsAt + 32 * p));
         for (int r = 0; r < rows; ++r) {
-            const int16_t* x = xs + r * groups + sb * 8;
-            __m512i m = zero;
-            for (int p = 0; p < 4; ++p) m = _mm512_dpwssd_epi32(m, mp[p], _mm512_set1_epi32(load_pair(x + 2 * p)));
-            acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, _mm512_set1_ps(dx[r * supers + sb])), _mm512_cvtepi32_ps(m),
-                                      acc[r]);
-            s[r] = zero;
+            acc[r] = q4k_minus_mins(acc[r], mp, xs + r * groups + sb * 8, dm, dx[r * supers + sb]);
+            s[r] = _mm512_setzero_si512();
         }
         for (int g = 0; g < 8; ++g) {
-            const uint8_t* c = t + kCodesAt + 256 * g;
             __m512i low[4], high[4];
-            for (int i = 0; i < 4; ++i) {
-                const __m512i raw = _mm512_loadu_si512(c + 64 * i);
-                low[i] = _mm512_and_si512(raw, m4);
-                high[i] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-            }
-            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + kSubAt + 16 * g)));
+            q4k_runs(t + kCodesAt + 256 * g, low, high);
+            const __m512i sc = q4k_scale(t, g);
             const int8_t* x = xq + sb * 256 + 32 * g;
             int r = 0;
             for (; r + 2 <= rows; r += 2) {  // rows16's half-group order: low half, then high, a row at a time
@@ -72,19 +62,15 @@ inline void many_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int64
                 s[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(s[r], runs_dot(low, x + r * k), sc),
                                            runs_dot(high, x + r * k + 16), sc);
         }
-        for (int r = 0; r < rows; ++r)
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * supers + sb])), _mm512_cvtepi32_ps(s[r]),
-                                     acc[r]);
+        for (int r = 0; r < rows; ++r) acc[r] = flush(acc[r], d, dx[r * supers + sb], s[r]);
     }
-    const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-    for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+    store_lanes(acc, rows, y, ldy, lo, hi);
 }
 
 // Q6_K: rows16_q6k for `rows` rows (at most kManyRows); lanes [lo, hi) written.
 inline void many_q6k(const int8_t* xq, const float* dx, const int16_t* xs, int64_t k, const uint8_t* t, float* y,
                      int64_t ldy, int lo, int hi, int rows) {
     const int64_t supers = k / 256, groups = k / 16;
-    const __m512i zero = _mm512_setzero_si512();
     __m512 acc[kManyRows];
     __m512i s[kManyRows];
     for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
@@ -93,18 +79,12 @@ inline void many_q6k(const int8_t* xq, const float* dx, const int16_t* xs, int64
         prefetch_l2(t + 3 * kRows16Bytes6, kRows16Bytes6);
         __m512i sp[8];
         for (int p = 0; p < 8; ++p) sp[p] = _mm512_cvtepi8_epi16(load256(t + 32 * p));
-        for (int r = 0; r < rows; ++r) {  // S starts at -32 * sum_g sub[g] * (sum of xq_g)
-            const int16_t* x = xs + r * groups + sb * 16;
-            __m512i c = zero;
-            for (int p = 0; p < 8; ++p) c = _mm512_dpwssd_epi32(c, sp[p], _mm512_set1_epi32(load_pair(x + 2 * p)));
-            s[r] = _mm512_sub_epi32(zero, _mm512_slli_epi32(c, 5));
-        }
+        for (int r = 0; r < rows; ++r) s[r] = q6k_start(sp, xs + r * groups + sb * 16);
         for (int p = 0; p < 8; ++p)
             for (int odd = 0; odd < 2; ++odd) {
                 __m512i u[4];
                 runs6(t + kCodes6At + 384 * p, odd, u);
-                const __m512i sw = _mm512_cvtepi8_epi16(load256(t + 32 * p));
-                const __m512i sc = odd ? _mm512_srai_epi32(sw, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sw, 16), 16);
+                const __m512i sc = q6k_scale(t, p, odd);
                 const int8_t* x = xq + sb * 256 + 32 * p + 16 * odd;
                 int r = 0;
                 for (; r + 2 <= rows; r += 2) {
@@ -115,12 +95,9 @@ inline void many_q6k(const int8_t* xq, const float* dx, const int16_t* xs, int64
                 if (r < rows) s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(runs_dot(u, x + r * k), sc));
             }
         const __m512 d = _mm512_cvtph_ps(load256(t + kD6At));
-        for (int r = 0; r < rows; ++r)
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * supers + sb])), _mm512_cvtepi32_ps(s[r]),
-                                     acc[r]);
+        for (int r = 0; r < rows; ++r) acc[r] = flush(acc[r], d, dx[r * supers + sb], s[r]);
     }
-    const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-    for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+    store_lanes(acc, rows, y, ldy, lo, hi);
 }
 
 // Rows [0, rows) of Q4_K (BITS 4) or Q6_K (BITS 6) through one tile column, kManyRows at a time.
