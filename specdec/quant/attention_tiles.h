@@ -123,14 +123,7 @@ inline void qk_pairs16(const float* const* qp, const Rows& keys, int64_t t, int6
             for (int j = 0; j < 4; ++j) acc[p][j] = _mm512_fmadd_ps(qc, kc[j], acc[p][j]);
         }
     }
-    for (int p = 0; p < NP; ++p) {
-        __m256 a[8];
-        for (int j = 0; j < 4; ++j) {
-            a[j] = _mm512_castps512_ps256(acc[p][j]);
-            a[4 + j] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][j]), 1));
-        }
-        store_scores<2, 4>(a, scale, s + 2 * p);
-    }
+    for (int p = 0; p < NP; ++p) store_pair_scores(acc[p], scale, s[2 * p], s[2 * p + 1]);
 }
 #endif
 
