@@ -44,6 +44,20 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-pair-sums-xeon-emr": ("2026-12-06", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon with "
+                                 "a head pair's scores summed in 16-float vectors: plain, the draft model under "
+                                 "the cost model, the hybrid, llama.cpp and OpenVINO GenAI's speculation on "
+                                 "code, chat and prose"),
+    "bench-steps-pair-sums-xeon-emr": ("2026-12-06", "xeon-emr", "the three prices on an Emerald Rapids Xeon with "
+                                       "a head pair's scores summed in 16-float vectors, the draft as it drafts, "
+                                       "beside llama.cpp, 1 to 256 rows"),
+    "bench-steps-4k-pair-sums-xeon-emr": ("2026-12-06", "xeon-emr", "one row, five and nine verified rows after "
+                                          "4,096 tokens on an Emerald Rapids Xeon with a head pair's scores "
+                                          "summed in 16-float vectors, beside llama.cpp"),
+    "bench-attention-pair-sums-xeon-emr": ("2026-12-06", "xeon-emr", "the attention kernel alone over 28 layers' "
+                                           "caches on an Emerald Rapids Xeon with a head pair's scores summed in "
+                                           "16-float vectors: float16 and int8 K/V, 1, 5 and 9 rows, against "
+                                           "the read bandwidth"),
     "bench-steps-many-xeon-emr": ("2026-12-06", "xeon-emr", "the three prices on an Emerald Rapids Xeon with "
                                   "past 8 rows every row through a tile column in one pass, the draft as it "
                                   "drafts, beside llama.cpp, 1 to 256 rows"),
