@@ -194,14 +194,42 @@ def test_vnni_and_avx2_paths_are_bitwise_equal(name, act, avx2_then_best):
     g = torch.Generator().manual_seed(11)
     x = torch.randn(70, 4 * COLS, generator=g)
     x[::7] = torch.sign(torch.randn(10, 4 * COLS, generator=g)) * 1e3  # every value at +-max: |xq| = 127
-    # 9 and 17 rows: past one register tile, the tiled K-quants take every row in one pass
-    row_sets = (slice(0, 1), slice(1, 3), slice(3, 8), slice(8, 16), slice(16, 25), slice(25, 42), slice(0, 70))
+    # up to 12 rows in one register tile under VNNI (8 on AVX2); 13 and 17: every row in one pass
+    row_sets = (slice(0, 1), slice(1, 3), slice(3, 8), slice(8, 16), slice(16, 25), slice(42, 54), slice(54, 67),
+                slice(25, 42), slice(0, 70))
     avx2 = [lin(x[r]) for r in row_sets]
     assert avx2_then_best.isa("best") in ("avx2", "avx512-vnni")
     if avx2_then_best.isa() != "avx512-vnni":
         pytest.skip("this CPU has no AVX-512 VNNI: only the AVX2 path runs")
     for r, ref in zip(row_sets, avx2):
         assert torch.equal(lin(x[r]), ref), r
+
+def test_q6k_extreme_codes_and_activations_stay_exact(avx2_then_best):
+    """Q6_K's VNNI tiles sum (codes - 32) . xq over 8 values within int16 before each group's scale: codes
+    all 0 or all 63, scales -128 and 127, and activations all at +-127 reach that bound (8 * 32 * 127).
+    Both builds give the same bits, within float32 rounding of the exact sum, at every tile size."""
+    rows, cols = 32, 512
+    raw = np.zeros((rows * cols // 256, 210), dtype=np.uint8)
+    blocks = raw.reshape(rows, -1, 210)
+    mixed = np.random.default_rng(3).choice(np.array([0, 255], dtype=np.uint8), (rows, cols // 256, 192))
+    for f in range(rows):  # codes all 0, all 63, or each 0, 15, 48 or 63
+        blocks[f, :, :192] = (0, 255, mixed[f])[f % 3]
+        blocks[f, :, 192:208] = np.array([-128, 127], dtype=np.int8).view(np.uint8)[f // 3 % 2]
+    blocks[..., 208:210] = np.array([0.01], dtype=np.float16).view(np.uint8)
+    t = QuantTensor.from_codes(decode(raw, Q.Q6_K, rows, cols))
+    lin = QuantLinear([t], 8)
+    x = torch.full((20, cols), 1e3)
+    x[1::2] = -1e3
+    x[4:8, ::2] = -1e3  # half the values at each extreme
+    sets = (slice(0, 1), slice(0, 5), slice(0, 12), slice(0, 13), slice(0, 20))
+    avx2 = [lin(x[r]) for r in sets]
+    ref = packed.quantize_act(x, 256, 8).double() @ t.dequantize().double().t()
+    assert ((avx2[-1].double() - ref).abs() <= 1e-5 * ref.abs().max()).all()
+    if avx2_then_best.isa("best") != "avx512-vnni":
+        pytest.skip("this CPU has no AVX-512 VNNI: only the AVX2 path runs")
+    for r, y in zip(sets, avx2):
+        assert torch.equal(lin(x[r]), y), r
+
 
 
 @pytest.mark.parametrize("bits", [4, 3])

@@ -139,34 +139,42 @@ inline void tile_columns(int64_t j0, int64_t j1, Fn fn) {
 }
 
 // Q4_K (BITS 4) or Q6_K (BITS 6) under int8 on row-interleaved tiles (tiles_rows16.h): x rounded per 256
-// values in element order, with each group's integer sum (the minimums' term, Q6_K's offset of 32).
+// values in element order, with the integer sums the tiles' offsets need (Rows16Sum: the minimums' term,
+// Q6_K's offset of 32).
 template <int BITS>
 class Rows16Reader final : public ColumnReader {
     static constexpr int G = BITS == 4 ? 32 : 16;
     static constexpr int64_t kBytes = BITS == 4 ? kRows16Bytes : kRows16Bytes6;
+    using Sum = Rows16Sum<BITS>;
 
    public:
     Rows16Reader(const float* x, int64_t rows, int64_t k)
         : k_(k), xq_(buffer<int8_t>(rows * k)), dx_(buffer<float>(rows * (k / 256))),
-          isums_(buffer<int16_t>(rows * (k / G))) {
-        quantize_rows<G>(x, rows, k, 256, xq_.get(), dx_.get(), nullptr, isums_.get());
+          sums_(buffer<Sum>(rows * rows16_sums<BITS>(k))) {
+        if constexpr (std::is_same_v<Sum, int32_t>) {
+            quantize_rows<G>(x, rows, k, 256, xq_.get(), dx_.get(), nullptr);
+            q6k_offsets(xq_.get(), rows * k, sums_.get());
+        } else {
+            quantize_rows<G>(x, rows, k, 256, xq_.get(), dx_.get(), nullptr, sums_.get());
+        }
     }
 
     void features(const Part& p, int64_t j0, int64_t j1, int64_t r0, int64_t r1, float* y,
                   int64_t ldy) const override {
-        const int64_t supers = k_ / 256, groups = k_ / G;
+        const int64_t supers = k_ / 256, sums = rows16_sums<BITS>(k_);
         tile_columns(j0, j1, [&](int64_t t, int lo, int hi) {
             const uint8_t* tile = p.tiles + t * supers * kBytes;
             prefetch_lines(tile, kBytes);  // the tiles ask for the super-block after their own
 #ifdef __AVX512VNNI__
-            if (r1 - r0 > 8) {  // past one register tile: every row in one pass (tiles_rows16_many.h)
-                rows16_many<BITS>(xq_.get() + r0 * k_, dx_.get() + r0 * supers, isums_.get() + r0 * groups, k_, tile,
-                                  y + r0 * ldy + t * 16, ldy, lo, hi, r1 - r0);
-                return;
-            }
+            if constexpr (BITS == 4)
+                if (r1 - r0 > kRows16Tile) {  // past one register tile: every row in one pass (tiles_rows16_many.h)
+                    rows16_many(xq_.get() + r0 * k_, dx_.get() + r0 * supers, sums_.get() + r0 * sums, k_, tile,
+                                y + r0 * ldy + t * 16, ldy, lo, hi, r1 - r0);
+                    return;
+                }
 #endif
-            balanced_tiles(r0, r1, [&](auto mt, int64_t r) {
-                rows16<BITS, decltype(mt)::value>(xq_.get() + r * k_, dx_.get() + r * supers, isums_.get() + r * groups,
+            balanced_tiles<kRows16Tile>(r0, r1, [&](auto mt, int64_t r) {
+                rows16<BITS, decltype(mt)::value>(xq_.get() + r * k_, dx_.get() + r * supers, sums_.get() + r * sums,
                                                   k_, tile, y + r * ldy + t * 16, ldy, lo, hi);
             });
         });
@@ -176,7 +184,7 @@ class Rows16Reader final : public ColumnReader {
     int64_t k_;
     std::unique_ptr<int8_t[]> xq_;
     std::unique_ptr<float[]> dx_;
-    std::unique_ptr<int16_t[]> isums_;
+    std::unique_ptr<Sum[]> sums_;  // Rows16Sum: group sums, or Q6_K's offsets under VNNI
 };
 
 // A draft's 4- or 3-bit codes per 64 values (q4_64, q3_64) under int8 on row-interleaved tiles

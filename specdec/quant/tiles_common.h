@@ -112,14 +112,14 @@ inline void row_tiles(int64_t r0, int64_t r1, Tile tile) {
     simd::with_count(r1 - r, [&](auto mt) { tile(mt, r); });
 }
 
-// tile(MT, r) for rows [r0, r1) in the fewest tiles of at most 8, their sizes within one of each other
-// (17 rows: 6, 6, 5, not 8, 8, 1), for tiles that pay per tile what a row-by-row tile pays per row.
-template <class Tile>
+// tile(MT, r) for rows [r0, r1) in the fewest tiles of at most T, their sizes within one of each other
+// (17 rows, T = 8: 6, 6, 5, not 8, 8, 1), for tiles that pay per tile what a row-by-row tile pays per row.
+template <int T = 8, class Tile>
 inline void balanced_tiles(int64_t r0, int64_t r1, Tile tile) {
-    const int64_t n = r1 - r0, tiles = (n + 7) / 8;
+    const int64_t n = r1 - r0, tiles = (n + T - 1) / T;
     for (int64_t i = 0, r = r0; i < tiles; ++i) {
         const int64_t mt = (n - (r - r0)) / (tiles - i);  // the rest spread over the tiles left
-        simd::with_count<8>(mt, [&](auto m) { tile(m, r); });
+        simd::with_count<T>(mt, [&](auto m) { tile(m, r); });
         r += mt;
     }
 }

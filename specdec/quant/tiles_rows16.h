@@ -6,8 +6,10 @@
 // integers and these two float operations per lane, so AVX2 == VNNI bitwise and a row's result does not
 // depend on the rows or features beside it.
 //
-// Q6_K the same way: S = sum_g sub[g] * (codes_g . xq_g) - 32 * sum_g sub[g] * (sum of xq_g) with the codes
-// unsigned (0..63), then acc = fmadd(d * dx, S, acc).
+// Q6_K the same way: S = sum_g sub[g] * ((codes_g - 32) . xq_g), then acc = fmadd(d * dx, S, acc). Under
+// VNNI each half-group's chain starts at its x offset, -32 * (sum of its 8 xq), so that it ends at
+// (codes - 32) . xq, within int16 (8 * 32 * 127 = 32512): one vpdpwssd by (sub, 0) pairs applies the
+// group's scale, where an 18-bit group sum took a vpmulld (two operations) and an add.
 //
 // A Q4_K tile (`pack_tiles16` in qlinear.cpp): per 16 features and super-block, kRows16Bytes bytes:
 //   sub   [8 groups][16 features] uint8            the 6-bit group scales
@@ -23,6 +25,8 @@
 //                                                  in the high), then each group's top bit pairs (run i's at
 //                                                  bits 2i, 2i + 1)
 #pragma once
+#include <type_traits>
+
 #include "tiles_common.h"
 
 namespace {
@@ -31,6 +35,26 @@ constexpr int64_t kRows16Bytes = 2368;
 constexpr int kSubAt = 0, kMinsAt = 128, kDAt = 256, kDminAt = 288, kCodesAt = 320;
 constexpr int64_t kRows16Bytes6 = 3360;
 constexpr int kD6At = 256, kCodes6At = 288;
+
+// What each row of x brings beside its codes (Rows16Reader): Q4_K its group sums (int16, k / 32); Q6_K
+// under VNNI its offsets (int32, k / 8: q6k_offsets), under AVX2 its group sums (int16, k / 16).
+#ifdef __AVX512VNNI__
+constexpr bool kQ6Offsets = true;
+#else
+constexpr bool kQ6Offsets = false;
+#endif
+template <int BITS>
+using Rows16Sum = std::conditional_t<BITS == 6 && kQ6Offsets, int32_t, int16_t>;
+template <int BITS>
+constexpr int64_t rows16_sums(int64_t k) { return BITS == 4 ? k / 32 : kQ6Offsets ? k / 8 : k / 16; }
+
+// Rows of one register tile: 9-12 rows ran 1.1-1.3x faster as one AVX-512 tile (32 registers) than in
+// tiles_rows16_many.h's one pass, whose running sums live in memory; AVX2's 16 registers hold 8.
+#ifdef __AVX512VNNI__
+constexpr int kRows16Tile = 12;
+#else
+constexpr int kRows16Tile = 8;
+#endif
 
 // 32 bits at any address, read so that a broadcast of it folds into its instruction's memory operand
 typedef int32_t __attribute__((may_alias, aligned(1))) word32;
@@ -72,18 +96,26 @@ inline __m512i q4k_scale(const uint8_t* t, int g) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(t + kSubAt + 16 * g)));
 }
 
-// Q6_K: S's start, -32 * sum_g sub[g] * (sum of xq_g) (x: the row's 16 group sums of the super-block, sp:
-// its scales widened to int16 pairs).
-inline __m512i q6k_start(const __m512i* sp, const int16_t* x) {
-    __m512i c = _mm512_setzero_si512();
-    for (int p = 0; p < 8; ++p) c = _mm512_dpwssd_epi32(c, sp[p], _mm512_set1_epi32(load_pair(x + 2 * p)));
-    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(c, 5));
+// x's offsets for Q6_K under VNNI: -32 * (sum of each run of 8 xq), n / 8 of them (n a multiple of 32).
+inline void q6k_offsets(const int8_t* xq, int64_t n, int32_t* o) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
+    alignas(32) int64_t sums[4];
+    for (int64_t i = 0; i < n; i += 32, o += 4) {
+        // vpsadbw sums 8 unsigned bytes a lane: the bytes as xq + 128 sum to (sum of xq) + 1024
+        _mm256_store_si256((__m256i*)sums, _mm256_sad_epu8(_mm256_xor_si256(load256(xq + i), flip), zero));
+        for (int j = 0; j < 4; ++j) o[j] = -32 * ((int32_t)sums[j] - 1024);
+    }
 }
 
-// Q6_K group 2p + odd's scale, an int32 a lane.
+// Q6_K group 2p + odd's scale as (sub, 0) int16 pairs: the zero word meets a half-group sum's sign.
 inline __m512i q6k_scale(const uint8_t* t, int p, int odd) {
     const __m512i sw = _mm512_cvtepi8_epi16(load256(t + 32 * p));  // (sub[2p], sub[2p + 1]) a lane
-    return odd ? _mm512_srai_epi32(sw, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sw, 16), 16);
+    return odd ? _mm512_srli_epi32(sw, 16) : _mm512_and_si512(sw, _mm512_set1_epi32(0xFFFF));
+}
+
+// (codes - 32) . xq over half a group (runs u[0], u[1]: the 8 values at x), from the offset at o.
+inline __m512i q6k_half(const __m512i* u, const int8_t* x, const int32_t* o) {
+    return dpbusd_at(dpbusd_at(_mm512_set1_epi32(*o), u[0], x), u[1], x + 4);
 }
 
 // The super-block's flush: acc + d * dx * S.
@@ -147,30 +179,30 @@ inline void runs6(const uint8_t* c, int odd, __m512i* u) {
     }
 }
 
+// xo: x's offsets (q6k_offsets), k / 8 a row.
 template <int MT>
-inline void rows16_q6k(const int8_t* xq, const float* dx, const int16_t* xs, int64_t k, const uint8_t* t, float* y,
+inline void rows16_q6k(const int8_t* xq, const float* dx, const int32_t* xo, int64_t k, const uint8_t* t, float* y,
                        int64_t ldy, int lo, int hi) {
-    const int64_t supers = k / 256, groups = k / 16;
-    const __m512i zero = _mm512_setzero_si512();
+    const int64_t supers = k / 256, offsets = k / 8;
     __m512 acc[MT];
     for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes6) {
         prefetch_lines(t + kRows16Bytes6, kRows16Bytes6);
         prefetch_l2(t + 3 * kRows16Bytes6, kRows16Bytes6);
-        __m512i sp[8], s[MT];
-        for (int p = 0; p < 8; ++p) sp[p] = _mm512_cvtepi8_epi16(load256(t + 32 * p));
-        for (int r = 0; r < MT; ++r) s[r] = q6k_start(sp, xs + r * groups + sb * 16);
+        __m512i s[MT];
+        for (int r = 0; r < MT; ++r) s[r] = _mm512_setzero_si512();
         for (int p = 0; p < 8; ++p)
             for (int odd = 0; odd < 2; ++odd) {
                 __m512i u[4];
                 runs6(t + kCodes6At + 384 * p, odd, u);
                 const __m512i sc = q6k_scale(t, p, odd);
-                const int8_t* x = xq + sb * 256 + 32 * p + 16 * odd;
-                __m512i h[MT];
-                for (int r = 0; r < MT; ++r) h[r] = zero;
-                for (int i = 0; i < 4; ++i)
-                    for (int r = 0; r < MT; ++r) h[r] = dpbusd_at(h[r], u[i], x + r * k + 4 * i);
-                for (int r = 0; r < MT; ++r) s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(h[r], sc));
+                const int64_t at = sb * 256 + 32 * p + 16 * odd;
+                for (int r = 0; r < MT; ++r) {
+                    const int8_t* x = xq + r * k + at;
+                    const int32_t* o = xo + r * offsets + at / 8;
+                    s[r] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(s[r], q6k_half(u, x, o), sc),
+                                               q6k_half(u + 2, x + 8, o + 1), sc);
+                }
             }
         const __m512 d = _mm512_cvtph_ps(load256(t + kD6At));
         for (int r = 0; r < MT; ++r) acc[r] = flush(acc[r], d, dx[r * supers + sb], s[r]);
@@ -179,8 +211,9 @@ inline void rows16_q6k(const int8_t* xq, const float* dx, const int16_t* xs, int
 }
 
 // MT rows through one tile column of Q4_K (BITS 4) or Q6_K (BITS 6), lanes [lo, hi) written.
-template <int BITS, int MT>
-inline void rows16(const int8_t* xq, const float* dx, const int16_t* xs, int64_t k, const uint8_t* t, float* y,
+// xs: x's sums as Rows16Sum<BITS> (rows16_sums) says.
+template <int BITS, int MT, class Sum>
+inline void rows16(const int8_t* xq, const float* dx, const Sum* xs, int64_t k, const uint8_t* t, float* y,
                    int64_t ldy, int lo, int hi) {
     if constexpr (BITS == 4) rows16_q4k<MT>(xq, dx, xs, k, t, y, ldy, lo, hi);
     else rows16_q6k<MT>(xq, dx, xs, k, t, y, ldy, lo, hi);
@@ -313,8 +346,8 @@ inline void rows16_q6k_half(const int8_t* xq, const float* dx, const int16_t* xs
 }
 
 // MT rows through one tile column of Q4_K (BITS 4) or Q6_K (BITS 6): the halves holding lanes [lo, hi).
-template <int BITS, int MT>
-inline void rows16(const int8_t* xq, const float* dx, const int16_t* xs, int64_t k, const uint8_t* t, float* y,
+template <int BITS, int MT, class Sum>
+inline void rows16(const int8_t* xq, const float* dx, const Sum* xs, int64_t k, const uint8_t* t, float* y,
                    int64_t ldy, int lo, int hi) {
     for (int h = 0; h < 2; ++h) {
         if (lo >= 8 * h + 8 || hi <= 8 * h) continue;

@@ -1,7 +1,7 @@
-// Multi-row products on the row-interleaved K-quant tiles (tiles_rows16.h), AVX-512 VNNI: every row of a
+// Multi-row products on the row-interleaved Q4_K tiles (tiles_rows16.h), AVX-512 VNNI: every row of a
 // verification (or of a prompt's span) through a tile column in one pass, each group's codes decoded
-// once for all of them. The register tiles of tiles_rows16.h hold up to 8 rows' sums in registers and
-// decode the codes again for each tile of rows; past 8 rows this kernel keeps each row's running sums in
+// once for all of them. The register tiles of tiles_rows16.h hold up to 12 rows' sums in registers and
+// decode the codes again for each tile of rows; past 12 rows this kernel keeps each row's running sums in
 // memory instead (a load and a store beside every scale multiply, on ports the multiply-adds do not use)
 // and runs two rows' chains side by side. Each row's integers and its two float operations a super-block
 // are those of rows16: the same bits for any row count.
@@ -67,48 +67,14 @@ inline void many_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int64
     store_lanes(acc, rows, y, ldy, lo, hi);
 }
 
-// Q6_K: rows16_q6k for `rows` rows (at most kManyRows); lanes [lo, hi) written.
-inline void many_q6k(const int8_t* xq, const float* dx, const int16_t* xs, int64_t k, const uint8_t* t, float* y,
-                     int64_t ldy, int lo, int hi, int rows) {
-    const int64_t supers = k / 256, groups = k / 16;
-    __m512 acc[kManyRows];
-    __m512i s[kManyRows];
-    for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes6) {
-        prefetch_lines(t + kRows16Bytes6, kRows16Bytes6);
-        prefetch_l2(t + 3 * kRows16Bytes6, kRows16Bytes6);
-        __m512i sp[8];
-        for (int p = 0; p < 8; ++p) sp[p] = _mm512_cvtepi8_epi16(load256(t + 32 * p));
-        for (int r = 0; r < rows; ++r) s[r] = q6k_start(sp, xs + r * groups + sb * 16);
-        for (int p = 0; p < 8; ++p)
-            for (int odd = 0; odd < 2; ++odd) {
-                __m512i u[4];
-                runs6(t + kCodes6At + 384 * p, odd, u);
-                const __m512i sc = q6k_scale(t, p, odd);
-                const int8_t* x = xq + sb * 256 + 32 * p + 16 * odd;
-                int r = 0;
-                for (; r + 2 <= rows; r += 2) {
-                    const __m512i a0 = runs_dot(u, x + r * k), a1 = runs_dot(u, x + (r + 1) * k);
-                    s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(a0, sc));
-                    s[r + 1] = _mm512_add_epi32(s[r + 1], _mm512_mullo_epi32(a1, sc));
-                }
-                if (r < rows) s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(runs_dot(u, x + r * k), sc));
-            }
-        const __m512 d = _mm512_cvtph_ps(load256(t + kD6At));
-        for (int r = 0; r < rows; ++r) acc[r] = flush(acc[r], d, dx[r * supers + sb], s[r]);
-    }
-    store_lanes(acc, rows, y, ldy, lo, hi);
-}
-
-// Rows [0, rows) of Q4_K (BITS 4) or Q6_K (BITS 6) through one tile column, kManyRows at a time.
-template <int BITS>
+// Rows [0, rows) of Q4_K through one tile column, kManyRows at a time. (Q6_K stays in register tiles:
+// two vpdpwssd for every four vpdpbusd, each a load and a store of a running sum here, ran 1.2x slower.)
 inline void rows16_many(const int8_t* xq, const float* dx, const int16_t* xs, int64_t k, const uint8_t* t, float* y,
                         int64_t ldy, int lo, int hi, int64_t rows) {
-    const int64_t supers = k / 256, groups = k / (BITS == 4 ? 32 : 16);
+    const int64_t supers = k / 256, groups = k / 32;
     for (int64_t r = 0; r < rows; r += kManyRows) {
         const int n = (int)std::min<int64_t>(kManyRows, rows - r);
-        if constexpr (BITS == 4) many_q4k(xq + r * k, dx + r * supers, xs + r * groups, k, t, y + r * ldy, ldy, lo, hi, n);
-        else many_q6k(xq + r * k, dx + r * supers, xs + r * groups, k, t, y + r * ldy, ldy, lo, hi, n);
+        many_q4k(xq + r * k, dx + r * supers, xs + r * groups, k, t, y + r * ldy, ldy, lo, hi, n);
     }
 }
 #endif
