@@ -44,6 +44,16 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-q6-offsets-xeon-emr": ("2026-12-07", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon with "
+                                  "Q6_K's group scales in one vpdpwssd and register tiles of 12 rows: plain, the "
+                                  "draft model under the cost model, the hybrid, llama.cpp and OpenVINO GenAI's "
+                                  "speculation on code, chat and prose"),
+    "bench-steps-q6-offsets-xeon-emr": ("2026-12-07", "xeon-emr", "the three prices on an Emerald Rapids Xeon with "
+                                        "Q6_K's group scales in one vpdpwssd and register tiles of 12 rows, the "
+                                        "draft as it drafts, beside llama.cpp, 1 to 256 rows"),
+    "bench-steps-4k-q6-offsets-xeon-emr": ("2026-12-07", "xeon-emr", "one row, five and nine verified rows after "
+                                           "4,096 tokens on an Emerald Rapids Xeon with Q6_K's group scales in one "
+                                           "vpdpwssd and register tiles of 12 rows, beside llama.cpp"),
     "bench-pair-sums-xeon-emr": ("2026-12-06", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon with "
                                  "a head pair's scores summed in 16-float vectors: plain, the draft model under "
                                  "the cost model, the hybrid, llama.cpp and OpenVINO GenAI's speculation on "
