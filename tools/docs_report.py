@@ -51,6 +51,8 @@ SOURCES: dict[str, tuple[str, str, str]] = {
     "bench-steps-q6-offsets-xeon-emr": ("2026-12-07", "xeon-emr", "the three prices on an Emerald Rapids Xeon with "
                                         "Q6_K's group scales in one vpdpwssd and register tiles of 12 rows, the "
                                         "draft as it drafts, beside llama.cpp, 1 to 256 rows"),
+    "bench-steps-8k-q6-offsets-xeon-emr": ("2026-12-07", "xeon-emr", "one row and five verified rows after "
+                                           "8,192 tokens on an Emerald Rapids Xeon, beside llama.cpp"),
     "bench-steps-4k-q6-offsets-xeon-emr": ("2026-12-07", "xeon-emr", "one row, five and nine verified rows after "
                                            "4,096 tokens on an Emerald Rapids Xeon with Q6_K's group scales in one "
                                            "vpdpwssd and register tiles of 12 rows, beside llama.cpp"),
