@@ -204,6 +204,7 @@ def test_vnni_and_avx2_paths_are_bitwise_equal(name, act, avx2_then_best):
     for r, ref in zip(row_sets, avx2):
         assert torch.equal(lin(x[r]), ref), r
 
+
 def test_q6k_extreme_codes_and_activations_stay_exact(avx2_then_best):
     """Q6_K's VNNI tiles sum (codes - 32) . xq over 8 values within int16 before each group's scale: codes
     all 0 or all 63, scales -128 and 127, and activations all at +-127 reach that bound (8 * 32 * 127).
@@ -229,7 +230,6 @@ def test_q6k_extreme_codes_and_activations_stay_exact(avx2_then_best):
         pytest.skip("this CPU has no AVX-512 VNNI: only the AVX2 path runs")
     for r, y in zip(sets, avx2):
         assert torch.equal(lin(x[r]), y), r
-
 
 
 @pytest.mark.parametrize("bits", [4, 3])
