@@ -36,25 +36,22 @@ constexpr int kSubAt = 0, kMinsAt = 128, kDAt = 256, kDminAt = 288, kCodesAt = 3
 constexpr int64_t kRows16Bytes6 = 3360;
 constexpr int kD6At = 256, kCodes6At = 288;
 
-// What each row of x brings beside its codes (Rows16Reader): Q4_K its group sums (int16, k / 32); Q6_K
-// under VNNI its offsets (int32, k / 8: q6k_offsets), under AVX2 its group sums (int16, k / 16).
+// Where the VNNI build differs from AVX2's. What each row of x brings beside its codes (Rows16Reader):
+// Q4_K its group sums (int16, k / 32); Q6_K under VNNI its offsets (int32, k / 8: q6k_offsets), under
+// AVX2 its group sums (int16, k / 16). Rows of one register tile: 9-12 rows ran 1.1-1.3x faster as one
+// AVX-512 tile (32 registers) than in tiles_rows16_many.h's one pass, whose running sums live in memory;
+// AVX2's 16 registers hold 8.
 #ifdef __AVX512VNNI__
 constexpr bool kQ6Offsets = true;
+constexpr int kRows16Tile = 12;
 #else
 constexpr bool kQ6Offsets = false;
+constexpr int kRows16Tile = 8;
 #endif
 template <int BITS>
 using Rows16Sum = std::conditional_t<BITS == 6 && kQ6Offsets, int32_t, int16_t>;
 template <int BITS>
 constexpr int64_t rows16_sums(int64_t k) { return BITS == 4 ? k / 32 : kQ6Offsets ? k / 8 : k / 16; }
-
-// Rows of one register tile: 9-12 rows ran 1.1-1.3x faster as one AVX-512 tile (32 registers) than in
-// tiles_rows16_many.h's one pass, whose running sums live in memory; AVX2's 16 registers hold 8.
-#ifdef __AVX512VNNI__
-constexpr int kRows16Tile = 12;
-#else
-constexpr int kRows16Tile = 8;
-#endif
 
 // 32 bits at any address, read so that a broadcast of it folds into its instruction's memory operand
 typedef int32_t __attribute__((may_alias, aligned(1))) word32;
