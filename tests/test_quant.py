@@ -241,6 +241,8 @@ def test_requantized_codes_fit_each_group_at_least_as_well_as_its_range(bits):
     w[3] = 0.5  # a constant row: every code equal, the offset carries it
     c = requantize(w, bits, 64)
     assert c.q.min() >= 0 and c.q.max() < 2 ** bits and c.scale.shape == (40, 4) and (c.scale > 0).all()
+    for v in (c.scale, c.offset):  # float16 values, as the kernels' tiles hold them
+        assert np.array_equal(v.astype(np.float16).astype(np.float32), v)
     qt = QuantTensor.from_codes(c)
     assert qt.codes.shape == (40, 256 * bits // 8) and torch.equal(qt.int_codes(), torch.from_numpy(c.q).int())
     fitted = (qt.dequantize().numpy() - w).reshape(40, 4, 64)
@@ -251,6 +253,8 @@ def test_requantized_codes_fit_each_group_at_least_as_well_as_its_range(bits):
     assert np.abs(fitted[3]).max() == 0
     with pytest.raises(ValueError, match="whole number of 64-value groups"):
         requantize(w[:, :96], bits, 64)
+    with pytest.raises(ValueError, match="beyond float16's range"):
+        requantize(w * 1e5, bits, 64)
 
 
 def test_kernel_and_fallback_agree_and_mixed_parts_fill_their_columns(monkeypatch):
@@ -352,6 +356,10 @@ def test_int8_tiles_refuse_scales_they_cannot_hold():
     with pytest.raises(ValueError, match="float16"):
         QuantLinear([odd], 8)
     assert QuantLinear([odd], 16)(torch.randn(2, COLS)).shape == (2, ROWS)  # int16 reads the file's layout
+    r = LAYERS["R4_64"]  # the same for codes per 64 values: their tiles hold float16 scales and offsets
+    for scale, offset in ((r.scale * (1 + 2 ** -12), r.offset), (r.scale, r.offset * (1 + 2 ** -12))):
+        with pytest.raises(ValueError, match="float16 scales and offsets"):
+            QuantLinear([QuantTensor(r.bits, r.group, r.codes, scale, offset, r.cols)], 8)
 
 
 def test_a_projection_with_a_part_off_the_integer_paths_is_refused_unwritten():

@@ -13,8 +13,8 @@ acceptance does):
 - `q4_1`: those held as int8 codes (Q5_0, Q8_0: 9 bits a weight as packed) to gguf's Q4_1, 4-bit codes
   with a scale and a minimum per 32 values (6 bits a weight);
 - `q4_64`, `q3_64` (int4-a8 only): every matrix but the embedding held wider, to 4- or 3-bit codes with
-  a scale and an offset per 64 values fitted by least squares (`quant/requantize.py`; 5 and 4 bits a
-  weight as packed), whose activations are rounded per 64 values too.
+  a float16 scale and offset per 64 values fitted by least squares (`quant/requantize.py`; 4.5 and 3.5
+  bits a weight in the kernels' tiles), whose activations are rounded per 64 values too.
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ from specdec.quant.requantize import requantize
 
 CACHE_NAME = "weights-int4.safetensors"
 # bumped when what a packed cache holds changes; an older cache is packed again (2: K-quants' super_scale;
-# 3: Q6_K's codes at 6 bits, Q4_K's super_min)
-PACK_FORMAT = "3"
+# 3: Q6_K's codes at 6 bits, Q4_K's super_min; 4: requantized scales and offsets float16 values)
+PACK_FORMAT = "4"
 _MATRICES = ("embed", "lm_head", "qkv", "o", "gate_up", "down")
 _WIDE = frozenset({Q.Q5_0, Q.Q8_0})  # the types held as int8 codes
 

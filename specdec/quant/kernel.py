@@ -256,7 +256,8 @@ def pack_tiles16(bits: int, codes: torch.Tensor, sub: torch.Tensor, mins: torch.
 def pack_tiles64(bits: int, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
                  out: torch.Tensor) -> None:
     """A part requantized per 64 values (bits 4 or 3: codes [n, k * bits / 8], scale and offset [n, k / 64]
-    float32, offset may be None) into `out` as row-interleaved tiles (tiles_rows16_g64.h says the layout)."""
+    float32 holding float16 values, offset may be None) into `out` as row-interleaved tiles
+    (tiles_rows16_g64.h says the layout)."""
     n, k = codes.shape[0], codes.shape[1] * 8 // bits
     for t in (codes, scale, offset, out):
         assert t is None or t.is_contiguous()

@@ -222,17 +222,20 @@ def tiles16(p: QuantTensor, sub: torch.Tensor | None, mins: torch.Tensor | None,
     """A part's row-interleaved tiles for the int8 kernels (16 features side by side: Q4_K and Q6_K one
     super-block at a time, tiles_rows16.h; 4- or 3-bit codes per 64 values one group at a time,
     tiles_rows16_g64.h), or None where none are read (not int8 activations, no kernel, another layout).
-    Raises ValueError on K-quant scales the tiles cannot hold as the file does (6-bit Q4_K group scales,
-    float16 d and dmin: a GGUF file's always fit)."""
+    Raises ValueError on scales the tiles cannot hold as given: K-quants' 6-bit Q4_K group scales and
+    float16 d and dmin (a GGUF file's always fit), float16 scales and offsets per 64 values (requantize.py's)."""
     if act != 8 or not kernel.available():
         return None
+    half = lambda t: t is None or torch.equal(t.half().float(), t)  # noqa: E731
     if p.group == 64 and p.bits in TILE64_BYTES and p.super_scale is None and p.cols % 64 == 0:
+        if not half(p.scale) or not half(p.offset):
+            raise ValueError("int4-a8 reads codes per 64 values as tiles that hold float16 scales and offsets "
+                             "(as requantize.py fits them); these do not fit")
         out = torch.empty(-(-p.rows // 16) * (p.cols // 64) * TILE64_BYTES[p.bits], dtype=torch.uint8)
         kernel.pack_tiles64(p.bits, p.codes, p.scale, p.offset, out)
         return out
     if sub is None or (p.bits, mins is not None) not in ((4, True), (6, False)):
         return None
-    half = lambda t: t is None or torch.equal(t.half().float(), t)  # noqa: E731
     if (p.bits == 4 and sub.numel() and sub.min() < 0) or not half(p.super_scale) or not half(p.super_min):
         raise ValueError("int4-a8 reads Q4_K and Q6_K as tiles that hold the file's float16 super-block "
                          "scales and unsigned 6-bit Q4_K group scales; these scales do not fit")
@@ -243,7 +246,7 @@ def tiles16(p: QuantTensor, sub: torch.Tensor | None, mins: torch.Tensor | None,
 
 
 TILE16_BYTES = {4: 2368, 6: 3360}  # one super-block of 16 features (kRows16Bytes, kRows16Bytes6)
-TILE64_BYTES = {4: 640, 3: 512}  # one group of 64 values of 16 features (kRows64Bytes)
+TILE64_BYTES = {4: 576, 3: 448}  # one group of 64 values of 16 features (kRows64Bytes)
 
 
 def pack3(q: np.ndarray) -> np.ndarray:

@@ -147,14 +147,14 @@ void pack_tiles16(int bits, const uint8_t* codes, const int8_t* sub, const uint8
 
 // A draft's part requantized per 64 values (bits 4: codes [n, k / 2] as packed.py holds them, byte i of a
 // 32-value block holding values i and 16 + i; bits 3: [n, k * 3 / 8] in pack3's layout; scale and offset
-// [n, k / 64] float32, offset may be null) as row-interleaved tiles (tiles_rows16_g64.h).
+// [n, k / 64] float32 holding float16 values, offset may be null) as row-interleaved tiles (tiles_rows16_g64.h).
 // out: ceil(n / 16) * (k / 64) tiles; the last tile's missing features are zero.
 void pack_tiles64(int bits, const uint8_t* codes, const float* scale, const float* offset, int64_t n, int64_t k,
                   uint8_t* out) {
     const int64_t groups = k / 64;
     each_tile_slot(n, groups, kRows64Bytes[bits], out, [&](uint8_t* o, int64_t j, int64_t g, int f) {
-        memcpy(o + kScale64At + 4 * f, scale + j * groups + g, 4);
-        if (offset) memcpy(o + kOffset64At + 4 * f, offset + j * groups + g, 4);
+        put_half(scale[j * groups + g], o + kScale64At + 2 * f);
+        if (offset) put_half(offset[j * groups + g], o + kOffset64At + 2 * f);
         const uint8_t* c = codes + j * (k * bits / 8) + g * 8 * bits;
         if (bits == 3) pack_g64_3(c, f, o);
         else

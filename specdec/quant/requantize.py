@@ -1,10 +1,11 @@
 """A draft's matrices quantized again at pack time, to fewer bits than its file holds.
 
 A draft's numbers never reach the output, only its acceptance does, so its weights may be coarser
-than the target's: each group of `group` values becomes `bits`-bit unsigned codes q with a float32
-scale and offset, w ~= scale * q + offset. Per group the fit tries a few scales around the range's
-and keeps the codes and least-squares scale and offset with the smallest squared error (llama.cpp's
-make_qkx2_quants does the same search for Q4_K).
+than the target's: each group of `group` values becomes `bits`-bit unsigned codes q with a scale and
+offset, w ~= scale * q + offset. Per group the fit tries a few scales around the range's and keeps the
+codes and least-squares scale and offset with the smallest squared error (llama.cpp's
+make_qkx2_quants does the same search for Q4_K). Scale and offset are float16 values (held as
+float32), so the kernels' tiles carry them in two bytes each; the codes are fitted to the rounded pair.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from specdec.quant.gguf_blocks import Codes
 
 _ROWS = 2048   # rows fitted at once: bounds the working set of the search
 _STEPS = 4     # candidate scales each side of the range's
+_HALF_LEAST = np.float16(2.0 ** -24)  # the least positive float16
 
 
 def requantize(values: np.ndarray, bits: int, group: int) -> Codes:
@@ -31,16 +33,25 @@ def _fit(x: np.ndarray, bits: int, group: int) -> tuple[np.ndarray, np.ndarray, 
     top = float((1 << bits) - 1)
     lo = g.min(1, keepdims=True)
     span = np.maximum(g.max(1, keepdims=True) - lo, np.float32(1e-30))
-    best = (np.full_like(lo, np.inf), np.zeros_like(g), span / top, lo)
+    best = (np.full_like(lo, np.inf), np.zeros_like(g), *_half(span / top, lo))
     for step in range(-_STEPS, _STEPS + 1):
         q = np.clip(np.rint((g - lo) * ((top + 0.25 * step) / span)), 0, top)
-        scale, offset = _least_squares(g, q, lo, span / top)
+        scale, offset = _half(*_least_squares(g, q, lo, span / top))
         q = np.clip(np.rint((g - offset) / scale), 0, top)
         err = np.square(g - (scale * q + offset)).sum(1, keepdims=True)
         better = err < best[0]
         best = tuple(np.where(better, new, old) for new, old in zip((err, q, scale, offset), best))
     _, q, scale, offset = best
     return q.astype(np.uint8), scale[:, 0].astype(np.float32), offset[:, 0].astype(np.float32)
+
+
+def _half(scale: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """scale and offset rounded to float16 values (a scale below float16's least stays its least)."""
+    with np.errstate(over="ignore"):
+        scale, offset = np.maximum(scale.astype(np.float16), _HALF_LEAST), offset.astype(np.float16)
+    if not (np.isfinite(scale).all() and np.isfinite(offset).all()):
+        raise ValueError("weights beyond float16's range cannot be requantized (float16 scales and offsets)")
+    return scale.astype(np.float32), offset.astype(np.float32)
 
 
 def _least_squares(g: np.ndarray, q: np.ndarray, lo: np.ndarray, fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-// A requantized draft's codes per group of 64 (q4_64, q3_64: a float32 scale and offset a group) under
+// A requantized draft's codes per group of 64 (q4_64, q3_64: a float16 scale and offset a group) under
 // int8 activations on row-interleaved tiles, as tiles_rows16.h reads Q4_K: 16 output features side by
 // side, one feature a 32-bit lane, a group's products for all 16 one vpdpbusd per 4 values (x broadcast).
 // Each (row, feature, group) gets S = codes_g . xq_g, exact, then in this order acc = fmadd(scale * dx, S,
@@ -7,7 +7,7 @@
 // row's result does not depend on the rows or features beside it.
 //
 // A tile (`pack_tiles64` in qlinear.cpp): per 16 features and group of 64 values, kRows64Bytes[BITS] bytes:
-//   scale [16] float32, offset [16] float32
+//   scale [16] float16, offset [16] float16 (the requantizer fits float16 values: requantize.py)
 //   4 bits: codes [2 halves][4 runs][16 features][4] uint8   byte of run i, value j in half h: codes
 //                                                            32h + 4i + j (low nibble), 32h + 16 + 4i + j (high)
 //   3 bits: pairs [4][16 features][4] uint8                  bits 2i, 2i + 1 of vector v: run 4v + i's low
@@ -18,8 +18,8 @@
 
 namespace {
 
-constexpr int64_t kRows64Bytes[5] = {0, 0, 0, 512, 640};  // by bits
-constexpr int kScale64At = 0, kOffset64At = 64, kCodes64At = 128, kThirds64At = 128 + 256;
+constexpr int64_t kRows64Bytes[5] = {0, 0, 0, 448, 576};  // by bits
+constexpr int kScale64At = 0, kOffset64At = 32, kCodes64At = 64, kThirds64At = 64 + 256;
 
 #ifdef __AVX512VNNI__
 using Vec = __m512i;
@@ -94,7 +94,7 @@ inline void rows16_g64(const int8_t* xq, const float* dx, const float* xs, int64
                 s[r] = _mm512_add_epi32(s[r], _mm512_add_epi32(a, b));
             }
         }
-        const __m512 sc = _mm512_loadu_ps(t + kScale64At), of = _mm512_loadu_ps(t + kOffset64At);
+        const __m512 sc = _mm512_cvtph_ps(load256(t + kScale64At)), of = _mm512_cvtph_ps(load256(t + kOffset64At));
         for (int r = 0; r < MT; ++r) {
             const __m512 dd = _mm512_mul_ps(sc, _mm512_set1_ps(dx[r * groups + g]));
             acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s[r]), acc[r]);
@@ -133,8 +133,8 @@ inline void rows16_g64_half(const int8_t* xq, const float* dx, const float* xs, 
                 s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w, ones));
             }
         }
-        const __m256 sc = _mm256_loadu_ps((const float*)(t + kScale64At) + 8 * h);
-        const __m256 of = _mm256_loadu_ps((const float*)(t + kOffset64At) + 8 * h);
+        const __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(t + kScale64At + 16 * h)));
+        const __m256 of = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(t + kOffset64At + 16 * h)));
         for (int r = 0; r < MT; ++r) {
             const __m256 dd = _mm256_mul_ps(sc, _mm256_set1_ps(dx[r * groups + g]));
             acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s[r]), acc[r]);
