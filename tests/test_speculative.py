@@ -732,6 +732,17 @@ def test_one_slow_forward_does_not_move_a_cost():
     assert t.estimate(1) == 0.45
 
 
+def test_no_row_count_is_priced_above_a_larger_ones_measurement():
+    """One slow forward at 4 rows (a noisy neighbour) must not price 4 rows above 5: the controller
+    would then avoid 3 drafts and never measure 4 rows again."""
+    from specdec.speculation.costs import CostTable
+    t = CostTable(row_align=1)
+    for rows, s in ((1, 0.034), (2, 0.042), (3, 0.041), (4, 0.072), (5, 0.043), (9, 0.060)):
+        t.record(rows, s)
+    assert [t.estimate(n) for n in (1, 2, 3, 4, 5)] == [0.034, 0.041, 0.041, 0.043, 0.043]
+    assert t.estimate(7) == pytest.approx(0.0515) and t.estimate(12) == pytest.approx(0.080)
+
+
 def _measured(cfg, verify, draft, accepted, draft_cost_ratio=None):
     """A cost-model controller with measured (rows, seconds) costs and 20 steps of 4 drafts, each
     with `accepted` of them accepted."""

@@ -39,7 +39,9 @@ class CostTable:
     nearest measurements around it (prefill chunks give the large ones, so on a CPU a 16-row
     verification is priced from what 4 and 48 rows cost, on a GPU it stays flat); outside the
     measured range it scales in proportion to the nearest measurement (below it that is optimistic
-    on purpose: the controller tries the row count and learns its real cost)."""
+    on purpose: the controller tries the row count and learns its real cost). No row count is priced
+    above a larger one's measurement: a slow outlier at a count the controller then avoids would
+    otherwise stand, never measured again."""
 
     def __init__(self, window: int = 5, row_align: int = ROW_ALIGN) -> None:
         self.window = window
@@ -55,6 +57,11 @@ class CostTable:
 
     def estimate(self, rows: int) -> float | None:
         key = pad_rows(rows, self.row_align)
+        seconds = self._estimate(key)
+        above = [s for r, s in self.seconds.items() if r > key]
+        return seconds if seconds is None or not above else min(seconds, *above)
+
+    def _estimate(self, key: int) -> float | None:
         if key in self.seconds:
             return self.seconds[key]
         lower = max((r for r in self.seconds if r < key), default=None)
