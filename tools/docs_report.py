@@ -44,6 +44,13 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-f16-draft-xeon-emr": ("2026-12-07", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon with "
+                                 "the draft's scales and offsets in float16: plain, the draft model under the cost "
+                                 "model, the hybrid, llama.cpp and OpenVINO GenAI's speculation on code, chat and "
+                                 "prose"),
+    "bench-steps-f16-draft-xeon-emr": ("2026-12-07", "xeon-emr", "the three prices on an Emerald Rapids Xeon with "
+                                       "the draft's scales and offsets in float16, the draft as it drafts, beside "
+                                       "llama.cpp, 1 to 256 rows"),
     "bench-q6-offsets-xeon-emr": ("2026-12-07", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon with "
                                   "Q6_K's group scales in one vpdpwssd and register tiles of 12 rows: plain, the "
                                   "draft model under the cost model, the hybrid, llama.cpp and OpenVINO GenAI's "
