@@ -149,13 +149,14 @@ def test_queue_full_gets_429_and_abort_frees_blocks(strict_server):
     m = strict_server.wait_idle()
     assert m['specdec_kv_blocks_used{pool="target"}'] == 0
     assert m['specdec_requests_total{status="rejected_429"}'] >= 1
-    assert strict_server.client().completions.create(model=strict_server.model, prompt="ok", max_tokens=2).usage.completion_tokens == 2
+    assert strict_server.client().completions.create(model=strict_server.model, prompt="ok", max_tokens=2,
+                                                extra_body={"ignore_eos": True}).usage.completion_tokens == 2
 
 
 def test_n_logprobs_echo_and_usage(strict_server):
     c = strict_server.client()
     out = c.completions.create(model=strict_server.model, prompt="hello there", max_tokens=5, n=2, temperature=0.8, seed=3,
-                               logprobs=2, echo=True)
+                               logprobs=2, echo=True, extra_body={"ignore_eos": True})
     assert [ch.index for ch in out.choices] == [0, 1]
     assert all(ch.text.startswith("hello there") for ch in out.choices)
     assert len(out.choices[0].logprobs.tokens) == 5 and all(lp <= 0 for lp in out.choices[0].logprobs.token_logprobs)

@@ -96,6 +96,27 @@ def test_the_proposer_reads_other_requests_outputs_only_as_drafts():
     assert proposer.calibration[1].hits == 4.0           # a match of three: the bucket of 2-3
 
 
+class _DearRows:
+    def estimate(self, rows: int) -> float:
+        return 0.1 * rows   # each verified row costs a whole step: no draft pays
+
+
+@pytest.mark.parametrize("policy, deterministic, drafted", [
+    ("cost_model", False, 0),   # priced from the measured costs: nothing is worth verifying
+    ("cost_model", True, 4),    # deterministic: the static costs, not the measured ones
+    ("fixed", False, 4),        # fixed: the whole lookup, whatever it costs
+])
+def test_the_policy_decides_whether_measured_costs_trim_the_lookup(policy, deterministic, drafted):
+    cache = ScopedSuffixCache(1000, max_scopes=4)
+    cache.draft([], 1, LOOSE)
+    cache.add("earlier", [40, 41, 42, 43, 44, 45, 46, 47] * 4)
+    spec = SpeculativeConfig(method="suffix", policy=policy, suffix=SuffixConfig(spec_factor=4.0))
+    spec.controller.deterministic = deterministic
+    proposer = SuffixProposer(cache, spec, _DearRows())
+    req = Request("now", None, [7, 8, 40, 41, 42, 43], SamplingParams())
+    assert proposer.propose([req], [4], [4]).proposals[0].token_ids == [44, 45, 46, 47][:drafted]
+
+
 def _suffix_llm(model: str, **spec) -> LLM:
     cfg = engine_config(model)
     cfg.speculative = SpeculativeConfig(**{"method": "suffix", **spec})

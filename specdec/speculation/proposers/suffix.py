@@ -6,7 +6,8 @@ drafts cost a lookup.
 How many tokens it drafts follows the evidence: the lookup stops where the continuation's estimated
 probability falls below `suffix.min_prob` or past `suffix.spec_factor` times the match length; of
 that, it keeps the prefix that maximizes expected tokens per second with the target's measured
-verification costs (policy.best_k), the estimated probabilities scaled by how often such drafts were
+verification costs (policy.best_k; static ones in the controller's deterministic mode, and the whole
+lookup under the fixed policy), the estimated probabilities scaled by how often such drafts were
 accepted so far after matches of about the same length (a one-token match's counts are weak
 evidence; a thirty-token match's strong). Drafts are point masses, so rejection sampling keeps the
 output exact.
@@ -66,7 +67,9 @@ class SuffixProposer:
     name = "suffix"
 
     def __init__(self, cache: ScopedSuffixCache, spec: SpeculativeConfig, verify: CostEstimate | None = None) -> None:
-        self.cache, self.verify = cache, verify
+        # deterministic mode prices from static costs, as the controller does, so the drafts follow the text alone
+        self.cache, self.verify = cache, None if spec.controller.deterministic else verify
+        self.fixed = spec.policy == "fixed"
         self.limits = limits_of(spec)
         self.static_slope, self.min_gain = spec.controller.verify_cost_slope, spec.controller.min_gain
         self.local: dict[str, _Local] = {}
@@ -111,8 +114,11 @@ class SuffixProposer:
         local.offered, local.bucket = draft.probs[:m], _bucket(draft.match_length)
 
     def worth(self, draft: SuffixDraft, costs: list[float]) -> tuple[int, float]:
-        """(drafts worth verifying, predicted seconds per token) under these step costs."""
+        """(drafts worth verifying, predicted seconds per token) under these step costs; under the
+        fixed policy every draft the lookup's own limits allow."""
         m, per_token = best_k(self.acceptance(draft), costs, self.min_gain)
+        if self.fixed:
+            m = len(per_token) - 1
         return m, per_token[m]
 
     def catch_up_tokens(self, request: Request) -> int:
