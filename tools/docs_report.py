@@ -44,6 +44,12 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-genoa-zen4": ("2026-12-07", "zen4", "the speculation bench on a Zen 4 EPYC: plain, the draft model "
+                         "under the cost model, the hybrid, llama.cpp and OpenVINO GenAI's speculation on code, "
+                         "chat and prose"),
+    "bench-steps-int8-peak-zen4": ("2026-12-07", "zen4", "the three prices on a Zen 4 EPYC against the int8 peak "
+                                   "measured by twelve real chains, the draft as it drafts, beside llama.cpp, 1 to "
+                                   "256 rows"),
     "bench-f16-draft-xeon-emr": ("2026-12-07", "xeon-emr", "the speculation bench on an Emerald Rapids Xeon with "
                                  "the draft's scales and offsets in float16: plain, the draft model under the cost "
                                  "model, the hybrid, llama.cpp and OpenVINO GenAI's speculation on code, chat and "
