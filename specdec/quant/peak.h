@@ -15,7 +15,7 @@
 inline int64_t int8_peak_chains(int64_t iters) {
     // In assembly, as AVX2's below: written with intrinsics, twelve chains with the same start and operands
     // are one value to the compiler, which kept a single chain (its latency, counted as twelve chains'
-    // work, overstated the rate 2-3x).
+    // work, overstated a Zen 4's rate 3x).
 #ifdef __AVX512VNNI__
 #define SPECDEC_PEAK_STEP(c) "vpdpbusd %%zmm1, %%zmm0, %%zmm" #c "\n\t"
     int64_t n = iters;
