@@ -136,8 +136,6 @@ inline void rows16_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int
     __m512 acc[MT];
     for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes) {
-        prefetch_lines(t + kRows16Bytes, kRows16Bytes);  // the next super-block into L1,
-        prefetch_l2(t + 3 * kRows16Bytes, kRows16Bytes);  // the one three ahead into L2
         const __m512 d = _mm512_cvtph_ps(load256(t + kDAt)), dm = _mm512_cvtph_ps(load256(t + kDminAt));
         __m512i mp[4];
         for (int p = 0; p < 4; ++p) mp[p] = _mm512_cvtepu8_epi16(load256(t + kMinsAt + 32 * p));
@@ -145,6 +143,8 @@ inline void rows16_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int
         __m512i s[MT];
         for (int r = 0; r < MT; ++r) s[r] = zero;
         for (int g = 0; g < 8; ++g) {
+            prefetch_part<_MM_HINT_T0>(t + kRows16Bytes, kRows16Bytes, g, 8);      // the next super-block into L1,
+            prefetch_part<_MM_HINT_T1>(t + 3 * kRows16Bytes, kRows16Bytes, g, 8);  // the one three ahead into L2
             __m512i low[4], high[4];
             q4k_runs(t + kCodesAt + 256 * g, low, high);
             const __m512i sc = q4k_scale(t, g);
@@ -184,11 +184,11 @@ inline void rows16_q6k(const int8_t* xq, const float* dx, const int32_t* xo, int
     __m512 acc[MT];
     for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes6) {
-        prefetch_lines(t + kRows16Bytes6, kRows16Bytes6);
-        prefetch_l2(t + 3 * kRows16Bytes6, kRows16Bytes6);
         __m512i s[MT];
         for (int r = 0; r < MT; ++r) s[r] = _mm512_setzero_si512();
-        for (int p = 0; p < 8; ++p)
+        for (int p = 0; p < 8; ++p) {
+            prefetch_part<_MM_HINT_T0>(t + kRows16Bytes6, kRows16Bytes6, p, 8);
+            prefetch_part<_MM_HINT_T1>(t + 3 * kRows16Bytes6, kRows16Bytes6, p, 8);
             for (int odd = 0; odd < 2; ++odd) {
                 __m512i u[4];
                 runs6(t + kCodes6At + 384 * p, odd, u);
@@ -201,6 +201,7 @@ inline void rows16_q6k(const int8_t* xq, const float* dx, const int32_t* xo, int
                                                q6k_half(u + 2, x + 8, o + 1), sc);
                 }
             }
+        }
         const __m512 d = _mm512_cvtph_ps(load256(t + kD6At));
         for (int r = 0; r < MT; ++r) acc[r] = flush(acc[r], d, dx[r * supers + sb], s[r]);
     }

@@ -36,8 +36,6 @@ inline void many_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int64
     __m512i s[kManyRows];
     for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes) {
-        prefetch_lines(t + kRows16Bytes, kRows16Bytes);
-        prefetch_l2(t + 3 * kRows16Bytes, kRows16Bytes);
         const __m512 d = _mm512_cvtph_ps(load256(t + kDAt)), dm = _mm512_cvtph_ps(load256(t + kDminAt));
         __m512i mp[4];
         for (int p = 0; p < 4; ++p) mp[p] = _mm512_cvtepu8_epi16(load256(t + kMinsAt + 32 * p));
@@ -46,6 +44,8 @@ inline void many_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int64
             s[r] = _mm512_setzero_si512();
         }
         for (int g = 0; g < 8; ++g) {
+            prefetch_part<_MM_HINT_T0>(t + kRows16Bytes, kRows16Bytes, g, 8);
+            prefetch_part<_MM_HINT_T1>(t + 3 * kRows16Bytes, kRows16Bytes, g, 8);
             __m512i low[4], high[4];
             q4k_runs(t + kCodesAt + 256 * g, low, high);
             const __m512i sc = q4k_scale(t, g);
