@@ -44,6 +44,16 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-spread-prefetch-zen4": ("2026-12-07", "zen4", "the speculation bench on a Zen 4 EPYC with the tiles' "
+                                   "prefetches spread over each super-block: plain, the draft model under the cost "
+                                   "model, the hybrid, llama.cpp and OpenVINO GenAI's speculation on code, chat and "
+                                   "prose"),
+    "bench-steps-spread-prefetch-zen4": ("2026-12-07", "zen4", "the three prices on a Zen 4 EPYC with the tiles' "
+                                         "prefetches spread over each super-block, the draft as it drafts, beside "
+                                         "llama.cpp, 1 to 256 rows"),
+    "bench-steps-4k-spread-prefetch-zen4": ("2026-12-07", "zen4", "one row, five and nine verified rows after 4,096 "
+                                            "tokens on a Zen 4 EPYC with the tiles' prefetches spread over each "
+                                            "super-block, beside llama.cpp"),
     "bench-genoa-zen4": ("2026-12-07", "zen4", "the speculation bench on a Zen 4 EPYC: plain, the draft model "
                          "under the cost model, the hybrid, llama.cpp and OpenVINO GenAI's speculation on code, "
                          "chat and prose"),
