@@ -243,8 +243,6 @@ inline void rows16_q4k_half(const int8_t* xq, const float* dx, const int16_t* xs
     __m256 acc[MT];
     for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes) {
-        prefetch_lines(t + kRows16Bytes, kRows16Bytes);
-        prefetch_l2(t + 3 * kRows16Bytes, kRows16Bytes);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(t + kDAt + 16 * h)));
         const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(t + kDminAt + 16 * h)));
         __m256i mp[4];
@@ -261,6 +259,8 @@ inline void rows16_q4k_half(const int8_t* xq, const float* dx, const int16_t* xs
         __m256i s[MT];
         for (int r = 0; r < MT; ++r) s[r] = _mm256_setzero_si256();
         for (int g = 0; g < 8; ++g) {
+            prefetch_part<_MM_HINT_T0>(t + kRows16Bytes, kRows16Bytes, g, 8);
+            prefetch_part<_MM_HINT_T1>(t + 3 * kRows16Bytes, kRows16Bytes, g, 8);
             const uint8_t* c = t + kCodesAt + 256 * g + 32 * h;
             __m256i low[4], high[4];
             for (int i = 0; i < 4; ++i) {
@@ -307,8 +307,6 @@ inline void rows16_q6k_half(const int8_t* xq, const float* dx, const int16_t* xs
     __m256 acc[MT];
     for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < supers; ++sb, t += kRows16Bytes6) {
-        prefetch_lines(t + kRows16Bytes6, kRows16Bytes6);
-        prefetch_l2(t + 3 * kRows16Bytes6, kRows16Bytes6);
         __m256i s[MT];
         for (int r = 0; r < MT; ++r) {  // S starts at -32 * sum_g sub[g] * (sum of xq_g)
             const int16_t* x = xs + r * groups + sb * 16;
@@ -319,7 +317,9 @@ inline void rows16_q6k_half(const int8_t* xq, const float* dx, const int16_t* xs
             }
             s[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(c, 5));
         }
-        for (int p = 0; p < 8; ++p)
+        for (int p = 0; p < 8; ++p) {
+            prefetch_part<_MM_HINT_T0>(t + kRows16Bytes6, kRows16Bytes6, p, 8);
+            prefetch_part<_MM_HINT_T1>(t + 3 * kRows16Bytes6, kRows16Bytes6, p, 8);
             for (int odd = 0; odd < 2; ++odd) {
                 __m256i u[4];
                 runs6_half(t + kCodes6At + 384 * p + 32 * h, odd, u);
@@ -335,6 +335,7 @@ inline void rows16_q6k_half(const int8_t* xq, const float* dx, const int16_t* xs
                     s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w23, sc));
                 }
             }
+        }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(t + kD6At + 16 * h)));
         for (int r = 0; r < MT; ++r)
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(dx[r * supers + sb])), _mm256_cvtepi32_ps(s[r]),
