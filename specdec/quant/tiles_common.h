@@ -161,12 +161,19 @@ inline void prefetch_lines(const void* p, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char*)p + b, _MM_HINT_T0);
 }
 
-// Part `part` of `parts` of [p, p + bytes) into L1 (hint T0) or L2 (T1): a super-block's requests
-// spread over its groups, so that they do not arrive as one burst the miss queues must hold.
+// Part `part` of `parts` of [p, p + bytes) into L1 (hint T0) or L2 (T1).
 template <_mm_hint HINT>
 inline void prefetch_part(const void* p, int64_t bytes, int part, int parts) {
     const int64_t lines = (bytes + 63) / 64, l0 = lines * part / parts, l1 = lines * (part + 1) / parts;
     for (int64_t l = l0; l < l1; ++l) _mm_prefetch((const char*)p + 64 * l, HINT);
+}
+
+// Group g's eighth of the super-block after t's (a tile's `bytes` each) into L1 and of the one three
+// ahead into L2: a super-block's requests spread over its eight groups, not one burst at its start
+// that the miss queues must hold.
+inline void prefetch_group(const uint8_t* t, int64_t bytes, int g) {
+    prefetch_part<_MM_HINT_T0>(t + bytes, bytes, g, 8);
+    prefetch_part<_MM_HINT_T1>(t + 3 * bytes, bytes, g, 8);
 }
 
 // Each line of [p, p + bytes) into the L2 cache: a stream's lines asked for further ahead than L1's

@@ -143,8 +143,7 @@ inline void rows16_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int
         __m512i s[MT];
         for (int r = 0; r < MT; ++r) s[r] = zero;
         for (int g = 0; g < 8; ++g) {
-            prefetch_part<_MM_HINT_T0>(t + kRows16Bytes, kRows16Bytes, g, 8);      // the next super-block into L1,
-            prefetch_part<_MM_HINT_T1>(t + 3 * kRows16Bytes, kRows16Bytes, g, 8);  // the one three ahead into L2
+            prefetch_group(t, kRows16Bytes, g);
             __m512i low[4], high[4];
             q4k_runs(t + kCodesAt + 256 * g, low, high);
             const __m512i sc = q4k_scale(t, g);
@@ -187,8 +186,7 @@ inline void rows16_q6k(const int8_t* xq, const float* dx, const int32_t* xo, int
         __m512i s[MT];
         for (int r = 0; r < MT; ++r) s[r] = _mm512_setzero_si512();
         for (int p = 0; p < 8; ++p) {
-            prefetch_part<_MM_HINT_T0>(t + kRows16Bytes6, kRows16Bytes6, p, 8);
-            prefetch_part<_MM_HINT_T1>(t + 3 * kRows16Bytes6, kRows16Bytes6, p, 8);
+            prefetch_group(t, kRows16Bytes6, p);
             for (int odd = 0; odd < 2; ++odd) {
                 __m512i u[4];
                 runs6(t + kCodes6At + 384 * p, odd, u);
@@ -259,8 +257,7 @@ inline void rows16_q4k_half(const int8_t* xq, const float* dx, const int16_t* xs
         __m256i s[MT];
         for (int r = 0; r < MT; ++r) s[r] = _mm256_setzero_si256();
         for (int g = 0; g < 8; ++g) {
-            prefetch_part<_MM_HINT_T0>(t + kRows16Bytes, kRows16Bytes, g, 8);
-            prefetch_part<_MM_HINT_T1>(t + 3 * kRows16Bytes, kRows16Bytes, g, 8);
+            prefetch_group(t, kRows16Bytes, g);
             const uint8_t* c = t + kCodesAt + 256 * g + 32 * h;
             __m256i low[4], high[4];
             for (int i = 0; i < 4; ++i) {
@@ -318,8 +315,7 @@ inline void rows16_q6k_half(const int8_t* xq, const float* dx, const int16_t* xs
             s[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(c, 5));
         }
         for (int p = 0; p < 8; ++p) {
-            prefetch_part<_MM_HINT_T0>(t + kRows16Bytes6, kRows16Bytes6, p, 8);
-            prefetch_part<_MM_HINT_T1>(t + 3 * kRows16Bytes6, kRows16Bytes6, p, 8);
+            prefetch_group(t, kRows16Bytes6, p);
             for (int odd = 0; odd < 2; ++odd) {
                 __m256i u[4];
                 runs6_half(t + kCodes6At + 384 * p + 32 * h, odd, u);

@@ -44,8 +44,7 @@ inline void many_q4k(const int8_t* xq, const float* dx, const int16_t* xs, int64
             s[r] = _mm512_setzero_si512();
         }
         for (int g = 0; g < 8; ++g) {
-            prefetch_part<_MM_HINT_T0>(t + kRows16Bytes, kRows16Bytes, g, 8);
-            prefetch_part<_MM_HINT_T1>(t + 3 * kRows16Bytes, kRows16Bytes, g, 8);
+            prefetch_group(t, kRows16Bytes, g);
             __m512i low[4], high[4];
             q4k_runs(t + kCodesAt + 256 * g, low, high);
             const __m512i sc = q4k_scale(t, g);
