@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -13,20 +14,25 @@ namespace {
 
 constexpr int64_t kTokenBlock = 32;  // 32 keys or values of d = 128: 16 KB
 constexpr int64_t kAhead = kTokenBlock;  // how far ahead of their use K/V rows are asked for (a block: 16 KB)
+constexpr int64_t kFar = 8 * kTokenBlock;  // and into L2 this far ahead (64 KB of float16 rows)
+template <class T>  // int8 rows, half as many bytes, are bound by their arithmetic: the L2 requests only cost
+constexpr bool kAskFar = !std::is_same<T, int8_t>::value;
 
 // One KV head's keys (or values) at context positions t < end, rows of `stride` elements, read as float32
 // rows of d: in place from a float32 cache; from a float16 or int8 cache each block is widened once
 // (exactly, or as code * scale) into a buffer that every row and query head of the run then reads, so the
 // conversion is not repeated per query head.
-// plan(t0) looks up where the rows kAhead positions past the block at t0 lie; ahead(t, byte) then asks
-// for the line at `byte` of row t + kAhead while row t is worked on, so the reads are spread over the
-// arithmetic instead of waiting at each block's start.
+// plan(t0) looks up where the rows kAhead and kFar positions past the block at t0 lie; ahead(t, byte) then
+// asks for the line at `byte` of row t + kAhead into L1 and of row t + kFar into L2 while row t is worked
+// on, so the reads are spread over the arithmetic instead of waiting at each block's start, and more of
+// them are in flight than L1's miss buffers hold.
 template <class T>
 struct KvSource {
     const T* cache;
     const int64_t* slots;
     int64_t d, stride, end;
     const char* next[kTokenBlock] = {};
+    const char* far[kTokenBlock] = {};
     int64_t planned = -1;
     const T* source(int64_t t) const { return cache + slots[t] * stride; }
     void plan(int64_t t0) {
@@ -34,9 +40,14 @@ struct KvSource {
         planned = t0;
         for (int64_t j = 0; j < kTokenBlock; ++j)
             next[j] = t0 + kAhead + j < end ? (const char*)source(t0 + kAhead + j) : nullptr;
+        if constexpr (kAskFar<T>)
+            for (int64_t j = 0; j < kTokenBlock; ++j)
+                far[j] = t0 + kFar + j < end ? (const char*)source(t0 + kFar + j) : nullptr;
     }
     void ahead(int64_t t, int64_t byte) const {
         if (const char* p = next[t - planned]) _mm_prefetch(p + byte, _MM_HINT_T0);
+        if constexpr (kAskFar<T>)
+            if (const char* p = far[t - planned]) _mm_prefetch(p + byte, _MM_HINT_T1);
     }
 };
 
