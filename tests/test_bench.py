@@ -364,3 +364,28 @@ def test_first_argmax_is_torchs():
     x[5, 17] = x[5, 40] = float("nan")
     for rows in (x, x[:, ::3], x[7], x.double()):
         assert torch.equal(first_argmax(rows), rows.argmax(-1))
+
+
+def test_draft_ranks_of_the_target_itself_are_all_first(tiny_qwen, tmp_path):
+    """A draft that is the target, teacher-forced over the target's own greedy answers, ranks every answer
+    token first: its logits at each position are the ones the target picked from (batch invariance)."""
+    from specdec.bench import draft_ranks
+    out = tmp_path / "ranks.json"
+    assert draft_ranks.main(["--model", str(tiny_qwen), "--draft", str(tiny_qwen), "--precision", "float32",
+                             "--draft-requantize", "none", "--sets", "chat,code_gen", "--num-prompts", "2",
+                             "--max-tokens", "8", "--out", str(out), "--plot", ""]) == 0
+    report = json.loads(out.read_text())
+    assert [s["name"] for s in report["sets"]] == ["chat", "code_gen"]
+    for s in report["sets"]:
+        assert s["tokens"] > 0 and all(v == 1.0 for v in s["within"].values())
+
+
+def test_draft_ranks_counts_how_far_down_a_different_draft_ranks_the_target(tiny_qwen, tiny_llama):
+    from specdec.bench import draft_ranks
+    forced = draft_ranks.TeacherForced(str(tiny_llama), "float32", None, 64)
+    answer = [5, 9, 3, 7]
+    r = draft_ranks.ranks(forced, [1, 2, 3], answer)
+    logits = forced.logits([1, 2, 3] + answer[:-1])[2:]
+    assert r.tolist() == [int((row > row[t]).sum()) + 1 for row, t in zip(logits, answer)]
+    shares = draft_ranks.summarize("x", r).within
+    assert list(shares.values()) == sorted(shares.values()) and shares[8] <= 1.0

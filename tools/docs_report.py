@@ -44,6 +44,25 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "bench-code-edit-prefetch-kept-zen4": ("2026-12-07", "zen4", "code edits of 256 tokens on a Zen 4 EPYC: "
+                                           "suffix beside llama.cpp and OpenVINO GenAI's prompt lookup"),
+    "draft-ranks-zen4": ("2026-12-07", "zen4", "where the target's greedy tokens rank among the 0.5B draft's "
+                         "choices on code, chat and prose: the most a draft chain or tree could accept"),
+    "bench-steps-8k-attention-l2-zen4": ("2026-12-07", "zen4", "one row and five after 8,192 tokens on a Zen 4 "
+                                         "EPYC with K/V rows asked for into L2 further ahead, beside llama.cpp"),
+    "bench-steps-4k-attention-l2-zen4": ("2026-12-07", "zen4", "one row, five and nine verified rows after 4,096 "
+                                         "tokens on a Zen 4 EPYC with K/V rows asked for into L2 further ahead, "
+                                         "beside llama.cpp"),
+    "bench-attention-l2-zen4": ("2026-12-07", "zen4", "the attention kernel alone on a Zen 4 EPYC, K/V rows asked "
+                                "for into L2 further ahead: each K/V format at 2-16k tokens against the read "
+                                "bandwidth"),
+    "bench-step-overhead-prefetch-kept-zen4": ("2026-12-07", "zen4", "the step outside the forwards on a Zen 4 "
+                                               "EPYC, plain and with the draft model"),
+    "bench-prefetch-kept-zen4": ("2026-12-07", "zen4", "the speculation bench on a Zen 4 EPYC with the tiles' "
+                                 "prefetches restored: plain, the draft model under the cost model, the hybrid, "
+                                 "llama.cpp and OpenVINO GenAI's speculation on code, chat and prose"),
+    "bench-steps-prefetch-kept-zen4": ("2026-12-07", "zen4", "the three prices on a Zen 4 EPYC with the tiles' "
+                                       "prefetches restored, the draft as it drafts, beside llama.cpp, 1 to 512 rows"),
     "bench-spread-prefetch-zen4": ("2026-12-07", "zen4", "the speculation bench on a Zen 4 EPYC with the tiles' "
                                    "prefetches spread over each super-block: plain, the draft model under the cost "
                                    "model, the hybrid, llama.cpp and OpenVINO GenAI's speculation on code, chat and "
@@ -495,10 +514,25 @@ def attention_command(data: dict) -> str:
             f"{','.join(map(str, data['rows']))} --repeats {data['repeats']}")
 
 
+def draft_ranks_command(data: dict) -> str:
+    parts = ["python -m specdec.bench.draft_ranks"]
+    if data["target"] != DEFAULT_MODEL:
+        parts.append(f"--model {data['target']} --draft {data['draft']}")
+    if data["precision"] != "int4-a8":
+        parts.append(f"--precision {data['precision']}")
+    if data["draft_requantize"] != "auto":
+        parts.append(f"--draft-requantize {data['draft_requantize']}")
+    parts.append(f"--sets {','.join(s['name'] for s in data['sets'])} --num-prompts {data['num_prompts']} "
+                 f"--max-tokens {data['max_tokens']}")
+    return " ".join(parts)
+
+
 def command(data: dict) -> str:
     """The command line that reproduces the run, rebuilt from the configuration its JSON records."""
     if data.get("mode") == "attention":
         return attention_command(data)
+    if data.get("mode") == "draft_ranks":
+        return draft_ranks_command(data)
     if data.get("mode") == "kld":
         return kld_command(data)
     if data.get("mode") == "matmul":
@@ -880,6 +914,15 @@ def view_attention(data: dict) -> str:
                   "of read bandwidth", "vs one row"], rows, right_from=3) + note
 
 
+def view_ranks(data: dict) -> str:
+    """Per set: the share of the target's greedy tokens within the draft's n best choices."""
+    ranks = list(data["sets"][0]["within"])
+    rows = [[s["name"], str(s["tokens"]), *(f"{s['within'][n]:.3f}" for n in ranks)] for s in data["sets"]]
+    note = (f"\n\nThe draft {data['draft']} packed as `{data['requantize'] or 'its file'}`, teacher-forced over the "
+            f"target's greedy answers ({data['num_prompts']} prompts a set, up to {data['max_tokens']} tokens each).")
+    return table(["set", "tokens", *(f"top {n}" for n in ranks)], rows, right_from=1) + note
+
+
 def view_row_invariance(data: dict) -> str:
     """Per layer: the row counts at which F.linear changed row 0's bits, against specdec's linear."""
     header = ["dtype, layer (out × in)", "F.linear: rows differing from 512", "specdec linear",
@@ -965,7 +1008,7 @@ TABLE_VIEWS = {"spec": view_spec, "spec-wide": view_spec_wide, "precision": view
                "replicas": view_replicas, "affinity": view_affinity, "row-invariance": view_row_invariance,
                "kld": view_kld, "matmul": view_matmul, "peers": view_peers,
                "tool-speed": view_tool_speed, "coupling": view_coupling, "overhead": view_overhead,
-               "attention": view_attention, "profile": view_profile}
+               "attention": view_attention, "profile": view_profile, "ranks": view_ranks}
 DOC_VIEWS = {"history": view_history, "index": view_index, "lines": view_lines}
 
 
