@@ -380,7 +380,7 @@ def test_draft_ranks_of_the_target_itself_are_all_first(tiny_qwen, tmp_path):
         assert s["tokens"] > 0 and all(v == 1.0 for v in s["within"].values())
 
 
-def test_draft_ranks_counts_how_far_down_a_different_draft_ranks_the_target(tiny_qwen, tiny_llama):
+def test_draft_ranks_counts_how_far_down_a_different_draft_ranks_the_target(tiny_llama):
     from specdec.bench import draft_ranks
     forced = draft_ranks.TeacherForced(str(tiny_llama), "float32", None, 64)
     answer = [5, 9, 3, 7]
