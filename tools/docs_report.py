@@ -918,7 +918,7 @@ def view_ranks(data: dict) -> str:
     """Per set: the share of the target's greedy tokens within the draft's n best choices."""
     ranks = list(data["sets"][0]["within"])
     rows = [[s["name"], str(s["tokens"]), *(f"{s['within'][n]:.3f}" for n in ranks)] for s in data["sets"]]
-    note = (f"\n\nThe draft {data['draft']} packed as `{data['requantize'] or 'its file'}`, teacher-forced over the "
+    note = (f"\n\nThe draft {data['draft']} packed as `{data['draft_requantize']}`, teacher-forced over the "
             f"target's greedy answers ({data['num_prompts']} prompts a set, up to {data['max_tokens']} tokens each).")
     return table(["set", "tokens", *(f"top {n}" for n in ranks)], rows, right_from=1) + note
 

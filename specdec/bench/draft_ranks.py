@@ -103,7 +103,7 @@ def _plot(report: dict, path: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("the draft's n best choices")
     ax.set_ylabel("share of the target's greedy tokens among them")
-    ax.set_title(f"{report['draft']} ({report['requantize'] or 'file blocks'}) for {report['target']}")
+    ax.set_title(f"{report['draft']} (packed: {report['draft_requantize']}) for {report['target']}")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -130,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     require_plotting(plot, "draft_ranks")
     results = run(a.model, draft, a.precision, requantize, a.sets.split(","), a.num_prompts, a.max_tokens)
     report = {"mode": "draft_ranks", "target": a.model, "draft": draft, "precision": a.precision,
-              "draft_requantize": a.draft_requantize, "requantize": requantize, "num_prompts": a.num_prompts,
-              "max_tokens": a.max_tokens,
+              "draft_requantize": a.draft_requantize, "num_prompts": a.num_prompts, "max_tokens": a.max_tokens,
               "sets": [{"name": r.name, "tokens": r.tokens, "within": {str(n): v for n, v in r.within.items()}}
                        for r in results]}
     atomic_write_text(Path(a.out), json.dumps(report, indent=1) + "\n")

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "simd.h"
 
 namespace {
 
@@ -45,9 +46,9 @@ struct KvSource {
                 far[j] = t0 + kFar + j < end ? (const char*)source(t0 + kFar + j) : nullptr;
     }
     void ahead(int64_t t, int64_t byte) const {
-        if (const char* p = next[t - planned]) _mm_prefetch(p + byte, _MM_HINT_T0);
+        if (const char* p = next[t - planned]) simd::prefetch<_MM_HINT_T0>(p + byte);
         if constexpr (kAskFar<T>)
-            if (const char* p = far[t - planned]) _mm_prefetch(p + byte, _MM_HINT_T1);
+            if (const char* p = far[t - planned]) simd::prefetch<_MM_HINT_T1>(p + byte);
     }
 };
 

@@ -8,6 +8,15 @@
 
 namespace simd {
 
+// One line into L1 (T0) or L2 (T1), as an asm statement: GCC 12 deleted loops of _mm_prefetch calls as
+// dead code once two of them were inlined into one function (the K-quant tiles then ran without any).
+template <_mm_hint HINT>
+inline void prefetch(const void* p) {
+    static_assert(HINT == _MM_HINT_T0 || HINT == _MM_HINT_T1);
+    if constexpr (HINT == _MM_HINT_T0) asm volatile("prefetcht0 %0" : : "m"(*(const char*)p));
+    else asm volatile("prefetcht1 %0" : : "m"(*(const char*)p));
+}
+
 // The 8 lanes' sum, in a fixed order (batch invariance needs every reduction's order fixed).
 inline float hsum(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);

@@ -156,25 +156,16 @@ inline void finish(const __m256* acc, int64_t groups, const float* xsum, const f
         y[r * ldy] = hsum(acc[r]) + (offset ? offset_dot(offset, xsum + r * groups, groups) : 0.f);
 }
 
-// One line into L1 (T0) or L2 (T1), as an asm statement: GCC 12 deletes a loop of _mm_prefetch
-// calls as dead code when two such loops are inlined into one (the tiles then ran without prefetches).
-template <_mm_hint HINT>
-inline void prefetch_kept(const char* p) {
-    static_assert(HINT == _MM_HINT_T0 || HINT == _MM_HINT_T1);
-    if constexpr (HINT == _MM_HINT_T0) asm volatile("prefetcht0 %0" : : "m"(*p));
-    else asm volatile("prefetcht1 %0" : : "m"(*p));
-}
-
 // Each line of [p, p + bytes) into the L1 cache.
 inline void prefetch_lines(const void* p, int64_t bytes) {
-    for (int64_t b = 0; b < bytes; b += 64) prefetch_kept<_MM_HINT_T0>((const char*)p + b);
+    for (int64_t b = 0; b < bytes; b += 64) simd::prefetch<_MM_HINT_T0>((const char*)p + b);
 }
 
 // Part `part` of `parts` of [p, p + bytes) into L1 (hint T0) or L2 (T1).
 template <_mm_hint HINT>
 inline void prefetch_part(const void* p, int64_t bytes, int part, int parts) {
     const int64_t lines = (bytes + 63) / 64, l0 = lines * part / parts, l1 = lines * (part + 1) / parts;
-    for (int64_t l = l0; l < l1; ++l) prefetch_kept<HINT>((const char*)p + 64 * l);
+    for (int64_t l = l0; l < l1; ++l) simd::prefetch<HINT>((const char*)p + 64 * l);
 }
 
 // Group g's eighth of the super-block after t's (a tile's `bytes` each) into L1 and of the one three
@@ -188,7 +179,7 @@ inline void prefetch_group(const uint8_t* t, int64_t bytes, int g) {
 // Each line of [p, p + bytes) into the L2 cache: a stream's lines asked for further ahead than L1's
 // fill buffers could hold (cpu-kernels.md).
 inline void prefetch_l2(const void* p, int64_t bytes) {
-    for (int64_t b = 0; b < bytes; b += 64) prefetch_kept<_MM_HINT_T1>((const char*)p + b);
+    for (int64_t b = 0; b < bytes; b += 64) simd::prefetch<_MM_HINT_T1>((const char*)p + b);
 }
 
 }  // namespace

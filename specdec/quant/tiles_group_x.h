@@ -90,7 +90,7 @@ inline __m512i dot32_pair(__m512i acc, __m512i w, __m512i x) {
 
 // The lines of [from, from + n) bytes past p not yet prefetched by the calls for earlier spans (one per line).
 inline void prefetch_span(const uint8_t* p, int64_t from, int64_t n) {
-    for (int64_t b = (from + 63) / 64 * 64; b < from + n; b += 64) prefetch_kept<_MM_HINT_T0>((const char*)p + b);
+    for (int64_t b = (from + 63) / 64 * 64; b < from + n; b += 64) simd::prefetch<_MM_HINT_T0>((const char*)p + b);
 }
 
 // At group g of a tile of 2 * NP features: the next tile's codes (`span` bytes a group), a line per 64 bytes
@@ -101,8 +101,8 @@ inline void prefetch_next(const uint8_t* next, int64_t g, int64_t span, const fl
                           int64_t groups) {
     prefetch_span(next, g * span, span);
     if (g < (2 * NP * groups * 4 + 63) / 64) {
-        prefetch_kept<_MM_HINT_T0>((const char*)(s + 2 * NP * groups) + 64 * g);
-        if (o) prefetch_kept<_MM_HINT_T0>((const char*)(o + 2 * NP * groups) + 64 * g);
+        simd::prefetch<_MM_HINT_T0>((const char*)(s + 2 * NP * groups) + 64 * g);
+        if (o) simd::prefetch<_MM_HINT_T0>((const char*)(o + 2 * NP * groups) + 64 * g);
     }
 }
 
