@@ -10,7 +10,8 @@ import torch
 from conftest import cpu_precision, on_device
 
 from specdec.core.outputs import ScheduledChunk, SchedulerOutput
-from specdec.models.llama import LlamaModel, apply_rope, rms_norm, rope_tables
+from specdec.models import rope
+from specdec.models.llama import LlamaModel, apply_rope, rms_norm
 from specdec.models.loader import load_model
 from specdec.quant import kernel, kv_format
 from specdec.quant.attention import AttentionMetadata, SeqAttention, paged_attention
@@ -99,8 +100,8 @@ def test_layer_kernels_agree_with_pytorch():
     torch.testing.assert_close(kernel.silu_mul(gate_up), torch.nn.functional.silu(gate) * up, rtol=2e-6, atol=1e-6)
     assert torch.equal(kernel.silu_mul(gate_up[2:3]), kernel.silu_mul(gate_up)[2:3])
 
-    cfg = type("Cfg", (), {"head_dim": 64, "rope_theta": 10000.0})()
-    cos, sin = rope_tables(cfg, 300, torch.device("cpu"))
+    cos, sin = rope.rope_tables(64, 10000.0, rope.RopeScaling("yarn", 4.0, original_context=64), 300,
+                                torch.device("cpu"))  # scaled cos/sin too: the kernel only looks them up
     qkv = torch.randn(6, (14 + 2 * 2) * 64, generator=g)
     positions = torch.tensor([0, 1, 17, 299, 5, 5])
     want = apply_rope(qkv[:, :16 * 64].reshape(6, 16, 64), cos[positions], sin[positions])

@@ -12,7 +12,7 @@ import torch
 from specdec.models import registry
 from specdec.models.gguf_loader import ModelFileError
 from specdec.models.loader import load_model
-from tiny_gguf import write_tiny_gguf
+from tiny_gguf import write_hf_folder, write_tiny_gguf
 
 
 @pytest.fixture
@@ -154,40 +154,12 @@ def test_warm_load_is_fast(qwen05_loaded):
 
 def test_hugging_face_folder_loads_the_same_model(home, tiny_qwen, tmp_path):
     """A folder with config.json, *.safetensors and tokenizer.json works as a model."""
-    import json
-
-    from safetensors.torch import save_file
-
     from specdec.llm import LLM
     from specdec.sampling_params import SamplingParams
 
     src = load_model(str(tiny_qwen), progress=False)
     cfg, w = src.config, src.weights
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    hf = {"model.embed_tokens.weight": w["embed"], "model.norm.weight": w["norm"], "lm_head.weight": w["lm_head"]}
-    for n in range(cfg.num_layers):
-        a, p = f"model.layers.{n}.", f"layers.{n}."
-        for name, part in zip("qkv", w[p + "qkv"].split([q, kv, kv])):
-            hf[a + f"self_attn.{name}_proj.weight"] = part
-        for name, part in zip("qkv", w[p + "qkv_bias"].split([q, kv, kv])):
-            hf[a + f"self_attn.{name}_proj.bias"] = part
-        hf[a + "self_attn.o_proj.weight"] = w[p + "o"]
-        gate, up = w[p + "gate_up"].chunk(2)
-        hf[a + "mlp.gate_proj.weight"], hf[a + "mlp.up_proj.weight"] = gate, up
-        hf[a + "mlp.down_proj.weight"] = w[p + "down"]
-        hf[a + "input_layernorm.weight"] = w[p + "input_norm"]
-        hf[a + "post_attention_layernorm.weight"] = w[p + "post_norm"]
-    folder = tmp_path / "hf-model"
-    folder.mkdir()
-    save_file({k: v.contiguous() for k, v in hf.items()}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position}))
-    (folder / "tokenizer.json").write_text(src.tokenizer._tok.to_str())
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "add_bos_token": False,
-                                                              "chat_template": src.tokenizer.chat_template}))
+    folder = write_hf_folder(src, tmp_path / "hf-model")
     loaded = load_model(str(folder), progress=False)
     assert loaded.config == cfg
     assert loaded.weights.keys() == w.keys() and all(np.array_equal(loaded.weights[k], w[k]) for k in w)

@@ -1,6 +1,7 @@
 """Tiny random-weight GGUF files for unit tests: the whole loading path, in a few hundred KB."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gguf
@@ -23,6 +24,17 @@ def _byte_tokens() -> list[str]:
             n += 1
     table = dict(zip(bs, cs))
     return [chr(table[b]) for b in range(256)]
+
+
+def _add_value(w: gguf.GGUFWriter, key: str, value: object) -> None:
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    else:
+        w.add_string(key, str(value))
 
 
 def _random_k_blocks(qtype, shape: tuple[int, int], scale: float, rng: np.random.Generator) -> np.ndarray:
@@ -66,11 +78,17 @@ def _add_tokenizer(w: gguf.GGUFWriter) -> int:
 
 def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: int = 2, hidden: int = 64,
                     num_heads: int = 4, num_kv_heads: int = 2, intermediate: int = 128, context: int = 512,
-                    quantized: bool = True, unsupported_tensor: str | None = None, kquants: bool = False) -> Path:
+                    quantized: bool = True, unsupported_tensor: str | None = None, kquants: bool = False,
+                    meta: dict[str, object] | None = None, extra_tensors: dict[str, np.ndarray] | None = None,
+                    qk_scale: float = 1.0, rope_theta: float = 10000.0, logit_scale: float = 1.0) -> Path:
     """A random model of the given architecture with a byte-level BPE vocabulary (256 bytes, a few
     merges, 3 control tokens, 2 unused rows). Weights are scaled so logits are well spread.
     kquants: matrices whose rows are whole 256-value super-blocks are Q4_K and Q6_K in turn (as in the
-    real Qwen files); needs hidden and intermediate multiples of 256."""
+    real Qwen files); needs hidden and intermediate multiples of 256.
+    meta: further metadata by full key (bool, int as uint32, float as float32, str); extra_tensors:
+    further float32 tensors by name (a Llama 3 file's `rope_freqs.weight`); qk_scale: Q and K weights that
+    much larger, so attention is peaked and positions matter; logit_scale: the output layer that much
+    larger, so the next-token distribution is peaked."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
@@ -80,9 +98,11 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
     w.add_feed_forward_length(intermediate)
     w.add_head_count(num_heads)
     w.add_head_count_kv(num_kv_heads)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(rope_theta)
     w.add_layer_norm_rms_eps(1e-6)
     vocab = _add_tokenizer(w)
+    for key, value in (meta or {}).items():
+        _add_value(w, key, value)
 
     head_dim = hidden // num_heads
     Q = gguf.GGMLQuantizationType
@@ -110,12 +130,12 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
 
     add("token_embd.weight", (vocab, hidden), 1.0)
     add("output_norm.weight", (hidden,), 0.1)
-    add("output.weight", (vocab, hidden), hidden ** -0.5)
+    add("output.weight", (vocab, hidden), logit_scale * hidden ** -0.5)
     for n in range(num_layers):
         b = f"blk.{n}."
         add(b + "attn_norm.weight", (hidden,), 0.1)
-        add(b + "attn_q.weight", (num_heads * head_dim, hidden), hidden ** -0.5)
-        add(b + "attn_k.weight", (num_kv_heads * head_dim, hidden), hidden ** -0.5)
+        add(b + "attn_q.weight", (num_heads * head_dim, hidden), qk_scale * hidden ** -0.5)
+        add(b + "attn_k.weight", (num_kv_heads * head_dim, hidden), qk_scale * hidden ** -0.5)
         add(b + "attn_v.weight", (num_kv_heads * head_dim, hidden), hidden ** -0.5, quant=False)
         if arch == "qwen2":
             add(b + "attn_q.bias", (num_heads * head_dim,), 0.1)
@@ -126,8 +146,47 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
         add(b + "ffn_gate.weight", (intermediate, hidden), hidden ** -0.5)
         add(b + "ffn_up.weight", (intermediate, hidden), hidden ** -0.5)
         add(b + "ffn_down.weight", (hidden, intermediate), intermediate ** -0.5)
+    for name, arr in (extra_tensors or {}).items():
+        w.add_tensor(name, np.asarray(arr, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_hf_folder(src, folder: Path, **config) -> Path:
+    """A loaded model (`specdec.models.loader.LoadedModel`, float32) as a Hugging Face-style folder:
+    config.json (plus `config`'s keys), model.safetensors in Transformers' names, tokenizer.json."""
+    from safetensors.torch import save_file
+
+    cfg, w = src.config, src.weights
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    hf = {"model.embed_tokens.weight": w["embed"], "model.norm.weight": w["norm"]}
+    if not cfg.tie_embeddings:
+        hf["lm_head.weight"] = w["lm_head"]
+    for n in range(cfg.num_layers):
+        a, p = f"model.layers.{n}.", f"layers.{n}."
+        for name, part in zip("qkv", w[p + "qkv"].split([q, kv, kv])):
+            hf[a + f"self_attn.{name}_proj.weight"] = part
+        if cfg.attention_bias:
+            for name, part in zip("qkv", w[p + "qkv_bias"].split([q, kv, kv])):
+                hf[a + f"self_attn.{name}_proj.bias"] = part
+        hf[a + "self_attn.o_proj.weight"] = w[p + "o"]
+        gate, up = w[p + "gate_up"].chunk(2)
+        hf[a + "mlp.gate_proj.weight"], hf[a + "mlp.up_proj.weight"] = gate, up
+        hf[a + "mlp.down_proj.weight"] = w[p + "down"]
+        hf[a + "input_layernorm.weight"] = w[p + "input_norm"]
+        hf[a + "post_attention_layernorm.weight"] = w[p + "post_norm"]
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in hf.items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": cfg.architecture, "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position,
+        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.attention_bias, **config}))
+    (folder / "tokenizer.json").write_text(src.tokenizer._tok.to_str())
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "add_bos_token": False,
+                                                              "chat_template": src.tokenizer.chat_template}))
+    return folder

@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # this checkout: the tool lives in its tools/ folder
 DOCS = ("README.md", "docs/performance.md", "docs/results/README.md", "docs/architecture.md",
-        "docs/scale-out.md", "docs/cpu-kernels.md")
+        "docs/scale-out.md", "docs/cpu-kernels.md", "docs/models.md")
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # `specdec bench --model`'s default
 START, END = "<!-- generated:", "<!-- end generated -->"
 
@@ -44,6 +44,13 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "kld-llama3-rope-ignored-zen3": ("2026-12-08", "zen3", "a random llama GGUF with Llama 3.1's rope factors, "
+                                     "the factors ignored (specdec before they were read)"),
+    "kld-llama3-stretched-ignored-zen3": ("2026-12-08", "zen3", "a random llama GGUF with rope factors over a "
+                                          "64-token original context, the factors ignored"),
+    "kld-llama3-rope-zen3": ("2026-12-08", "zen3", "a random llama GGUF with Llama 3.1's rope factors, read"),
+    "kld-llama3-stretched-zen3": ("2026-12-08", "zen3", "a random llama GGUF with rope factors over a 64-token "
+                                  "original context, read"),
     "bench-code-edit-prefetch-kept-zen4": ("2026-12-07", "zen4", "code edits of 256 tokens on a Zen 4 EPYC: "
                                            "suffix beside llama.cpp and OpenVINO GenAI's prompt lookup"),
     "draft-ranks-zen4": ("2026-12-07", "zen4", "where the target's greedy tokens rank among the 0.5B draft's "

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from specdec.models import weight_cache
+from specdec.models import gguf_keys, weight_cache
 from specdec.models.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, param_shapes
 
 
@@ -114,7 +114,9 @@ SUPPORTED_TENSOR_TYPES = {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, 
                           Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
 
-def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> LlamaConfig:
+def config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any]) -> LlamaConfig:
+    """The hyperparameters of a GGUF file (`tensors`: GGUFReader's by name). Every `{arch}.*` key and
+    every tensor is either read or refused by name (gguf_keys.py): nothing is skipped."""
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelFileError(f"unknown architecture {arch!r}: specdec runs {', '.join(SUPPORTED_ARCHITECTURES)}")
@@ -123,12 +125,24 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> LlamaC
         value = meta.get(f"{arch}.{key}", default)
         if value is None:
             raise ModelFileError(f"GGUF metadata lacks {arch}.{key}")
+        if isinstance(value, list):  # per-layer values (llama.cpp allows some): one for all layers here
+            if len(set(value)) != 1:
+                raise ModelFileError(f"GGUF metadata {arch}.{key} differs between layers: not implemented")
+            value = value[0]
         return value
 
     hidden = int(get("embedding_length"))
     num_heads = int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", hidden // num_heads))
     vocab = meta.get(f"{arch}.vocab_size") or len(meta["tokenizer.ggml.tokens"])
-    return LlamaConfig(
+    try:
+        gguf_keys.check_keys(meta, arch, head_dim)
+        freqs = tensors.get(gguf_keys.ROPE_FREQS) if arch == "llama" else None
+        factors = None if freqs is None else tuple(float(x) for x in _dequantize(freqs).reshape(-1))
+        scaling = gguf_keys.rope_scaling(meta, arch, factors)
+    except ValueError as e:
+        raise ModelFileError(str(e)) from e
+    cfg = LlamaConfig(
         architecture=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -136,13 +150,36 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> LlamaC
         num_layers=int(get("block_count")),
         num_heads=num_heads,
         num_kv_heads=int(get("attention.head_count_kv", num_heads)),
-        head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // num_heads)),
+        head_dim=head_dim,
         rope_theta=float(get("rope.freq_base", 10000.0)),
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         max_position=int(get("context_length")),
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
-        tie_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        tie_embeddings="output.weight" not in tensors,
+        rope=scaling,
     )
+    _check_every_tensor_read(cfg, tensors)
+    return cfg
+
+
+def _check_every_tensor_read(cfg: LlamaConfig, tensors: dict[str, Any]) -> None:
+    read = {src for srcs in _gguf_sources(cfg).values() for src in srcs}
+    if cfg.rope.kind == "llama3":
+        read.add(gguf_keys.ROPE_FREQS)
+    if not cfg.attention_bias:
+        read -= {src for srcs in _gguf_sources(cfg).values() for src in srcs if src.endswith(".bias")}
+    unread = sorted(set(tensors) - read)
+    if unread:
+        raise ModelFileError(f"tensor {unread[0]} (of {len(unread)} unread) is not part of the {cfg.architecture} "
+                             "forward specdec runs; the file is refused rather than run without it")
+
+
+def cached_config(config_path: Path) -> LlamaConfig | None:
+    """A cache's config.json, or None where it is missing or was written before a field it lacks."""
+    try:
+        return LlamaConfig.from_dict(json.loads(config_path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def check_sources(path: Path, tensors: dict[str, Any], shapes: dict[str, tuple[int, ...]],
@@ -193,14 +230,14 @@ def load_gguf(path: Path, sha256: str, cache_dir: Path, dtype: torch.dtype, devi
     dtype_name = str(dtype).removeprefix("torch.")
     weights_path = cache_dir / f"weights-{dtype_name}.safetensors"
     config_path = cache_dir / "config.json"
-    if weights_path.exists() and config_path.exists():
-        cfg = LlamaConfig(**json.loads(config_path.read_text()))
+    cfg = cached_config(config_path) if weights_path.exists() else None
+    if cfg is not None:
         return cfg, weight_cache.load_mmap(weights_path, device), True
 
     meta = read_metadata(path)  # also refuses a truncated file before any work
     reader = open_reader(path)
     tensors = {t.name: t for t in reader.tensors}
-    cfg = config_from_metadata(meta, set(tensors))
+    cfg = config_from_metadata(meta, tensors)
     shapes = param_shapes(cfg)
     sources = _gguf_sources(cfg)
     check_sources(path, tensors, shapes, sources)
@@ -225,7 +262,7 @@ def load_gguf(path: Path, sha256: str, cache_dir: Path, dtype: torch.dtype, devi
                                      metadata={"gguf_sha256": sha256, "created": str(time.time())},
                                      on_tensor=lambda _: bar.update(1))
     bar.close()
-    weight_cache.atomic_write_text(config_path, json.dumps(cfg.__dict__, indent=1))
+    weight_cache.atomic_write_text(config_path, json.dumps(cfg.to_dict(), indent=1))
     return cfg, weight_cache.load_mmap(weights_path, device), False
 
 

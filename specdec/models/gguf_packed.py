@@ -30,8 +30,8 @@ from gguf import GGMLQuantizationType as Q
 from safetensors.torch import save_file
 
 from specdec.models import weight_cache
-from specdec.models.gguf_loader import (ModelFileError, _dequantize, _gguf_sources, _unpermute, check_sources,
-                                        config_from_metadata, open_reader, read_header, read_metadata)
+from specdec.models.gguf_loader import (ModelFileError, _dequantize, _gguf_sources, _unpermute, cached_config,
+                                        check_sources, config_from_metadata, open_reader, read_header, read_metadata)
 from specdec.models.llama import LlamaConfig, param_shapes
 from specdec.quant.gguf_blocks import PACKABLE, Codes, decode
 from specdec.quant.packed import QuantLinear, QuantTensor
@@ -122,18 +122,18 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, pro
                          f"{'float' if act == 0 else f'int{act}'} activations")
     name = CACHE_NAME if requant is None else CACHE_NAME.replace(".safetensors", f"-{requant}.safetensors")
     cache_path, config_path = cache_dir / name, cache_dir / "config.json"
-    if cache_path.exists() and config_path.exists():
+    cfg = cached_config(config_path) if cache_path.exists() else None
+    if cfg is not None:
         from safetensors import safe_open
         with safe_open(str(cache_path), framework="pt") as f:
             meta = f.metadata()
         if meta.get("format") == PACK_FORMAT:
-            cfg = LlamaConfig(**json.loads(config_path.read_text()))
             return cfg, _assemble(weight_cache.load_mmap(cache_path), json.loads(meta["layout"]), act), True
 
     meta = read_metadata(path)
     reader = open_reader(path)
     tensors = {t.name: t for t in reader.tensors}
-    cfg = config_from_metadata(meta, set(tensors))
+    cfg = config_from_metadata(meta, tensors)
     shapes, sources = param_shapes(cfg), _gguf_sources(cfg)
     check_sources(path, tensors, shapes, sources)
     flat: dict[str, torch.Tensor] = {}
@@ -181,7 +181,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, pro
         os.replace(tmp, cache_path)
     finally:
         tmp.unlink(missing_ok=True)
-    weight_cache.atomic_write_text(config_path, json.dumps(cfg.__dict__, indent=1))
+    weight_cache.atomic_write_text(config_path, json.dumps(cfg.to_dict(), indent=1))
     weights = _assemble(flat, layout, act)
     for name, w in weights.items():
         if isinstance(w, QuantLinear) and w.shape != shapes[name]:

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from specdec.models.gguf_keys import hf_rope_scaling
 from specdec.models.gguf_loader import ModelFileError
 from specdec.models.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, param_shapes
 
@@ -21,18 +22,41 @@ def _architecture(raw: dict) -> str:
     return arch
 
 
+# config keys that change the forward unless they hold one of these values (None: absent or null)
+_NEUTRAL = {"hidden_act": ("silu",), "mlp_bias": (False,), "use_sliding_window": (False,),
+            "attn_logit_softcapping": (None,), "final_logit_softcapping": (None,), "logit_scale": (None, 1.0),
+            "logits_scaling": (None, 1.0), "embedding_multiplier": (None, 1.0), "residual_multiplier": (None, 1.0),
+            "attention_multiplier": (None,), "partial_rotary_factor": (None, 1.0), "no_rope_layers": (None,)}
+
+
+def _check_keys(raw: dict) -> None:
+    for key, neutral in _NEUTRAL.items():
+        if key in raw and raw[key] not in neutral:
+            raise ModelFileError(f"config.json {key} = {raw[key]!r} changes the forward in a way specdec does not "
+                                 "implement")
+    layers = set(raw.get("layer_types") or ()) - {"full_attention"}
+    if layers:
+        raise ModelFileError(f"config.json layer_types has {sorted(layers)[0]!r} layers: not implemented")
+
+
 def config_from_hf(raw: dict, tensor_names: set[str]) -> LlamaConfig:
     arch = _architecture(raw)
+    _check_keys(raw)
     heads = raw["num_attention_heads"]
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+    theta = float(raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
+    try:
+        scaling = hf_rope_scaling(raw, head_dim, theta)
+    except ValueError as e:
+        raise ModelFileError(f"config.json: {e}") from e
     return LlamaConfig(
         architecture=arch, vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
         intermediate_size=raw["intermediate_size"], num_layers=raw["num_hidden_layers"], num_heads=heads,
         num_kv_heads=raw.get("num_key_value_heads", heads),
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-        rope_theta=float(raw.get("rope_theta", 10000.0)), rms_norm_eps=float(raw["rms_norm_eps"]),
+        head_dim=head_dim, rope_theta=theta, rms_norm_eps=float(raw["rms_norm_eps"]),
         max_position=raw.get("max_position_embeddings", 4096),
         attention_bias="model.layers.0.self_attn.q_proj.bias" in tensor_names,
-        tie_embeddings="lm_head.weight" not in tensor_names,
+        tie_embeddings="lm_head.weight" not in tensor_names, rope=scaling,
     )
 
 
@@ -58,9 +82,12 @@ def load_hf_folder(path: Path, dtype: torch.dtype, device: str) -> tuple[LlamaCo
     except KeyError as e:
         raise ModelFileError(f"{path / 'config.json'} lacks {e}") from e
 
+    used: set[str] = set()
+
     def get(name: str) -> torch.Tensor:
         if name not in raw:
             raise ModelFileError(f"{path}: tensor {name} is missing")
+        used.add(name)
         return raw[name]
 
     w = {"embed": get("model.embed_tokens.weight"), "norm": get("model.norm.weight")}
@@ -76,6 +103,11 @@ def load_hf_folder(path: Path, dtype: torch.dtype, device: str) -> tuple[LlamaCo
         w[p + "post_norm"] = get(a + "post_attention_layernorm.weight")
         w[p + "gate_up"] = torch.cat([get(a + "mlp.gate_proj.weight"), get(a + "mlp.up_proj.weight")])
         w[p + "down"] = get(a + "mlp.down_proj.weight")
+    # rotary_emb.inv_freq: a buffer older checkpoints saved, recomputed from the config (as Transformers does)
+    unread = sorted(k for k in set(raw) - used if not k.endswith("rotary_emb.inv_freq"))
+    if unread:
+        raise ModelFileError(f"{path}: tensor {unread[0]} (of {len(unread)} unread) is not part of the "
+                             f"{cfg.architecture} forward specdec runs; the folder is refused rather than run without it")
     shapes = param_shapes(cfg)
     for k, t in w.items():
         if tuple(t.shape) != shapes[k]:

@@ -12,12 +12,14 @@ per forward. Which kernel paths a model takes is its `KernelOptions` (default: e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
 
 from specdec.core.outputs import DraftChain
+from specdec.models import rope
+from specdec.models.rope import RopeScaling
 from specdec.quant import kernel
 from specdec.quant.attention import AttentionMetadata, paged_attention
 from specdec.quant.decoder import FusedDecoder
@@ -43,6 +45,15 @@ class LlamaConfig:
     max_position: int
     attention_bias: bool
     tie_embeddings: bool
+    rope: RopeScaling = field(default_factory=RopeScaling)  # how the file scales its rotary frequencies
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "rope": self.rope.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LlamaConfig:
+        """The inverse of `to_dict`; a KeyError where a field is missing (a cache written before it)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls)} | {"rope": RopeScaling.from_dict(d["rope"])})
 
     @property
     def qkv_size(self) -> int:
@@ -82,12 +93,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def rope_tables(cfg: LlamaConfig, max_positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin per position, [max_positions, head_dim]: looked up, never recomputed per batch."""
-    d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(device), emb.sin().to(device)
+    """cos/sin per position, [max_positions, head_dim], with the file's rope scaling (models/rope.py)."""
+    return rope.rope_tables(cfg.head_dim, cfg.rope_theta, cfg.rope, max_positions, device)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
