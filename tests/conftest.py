@@ -48,6 +48,12 @@ def tiny_qwen(tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3(tiny_dir) -> Path:
+    """Qwen3: per-head q/k norms, no biases, head_dim 32 over hidden 64 (so q|k|v is wider than a row)."""
+    return write_tiny_gguf(tiny_dir / "tiny-qwen3.gguf", arch="qwen3", seed=2, head_dim=32, qk_scale=4.0)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tiny_dir) -> Path:
     return write_tiny_gguf(tiny_dir / "tiny-llama.gguf", arch="llama", seed=1)
 

@@ -174,18 +174,66 @@ def test_rope_scaling_survives_the_weight_cache(home, tmp_path):
         assert warm.cache_hit and warm.config == cold.config and warm.config.rope.kind == "llama3"
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_rope_scaling_matches_llama_cpp(home, tmp_path, case, ids):
-    """llama.cpp itself on the same GGUF: our float32 logits equal its within its own rounding."""
+def _max_delta_from_llama_cpp(path, ids: list[int], scratch) -> float:
+    """The largest |logit| difference between our float32 and llama.cpp on the same GGUF, at every position
+    (skips where the llama.cpp peer is not installed)."""
     from specdec.bench import llama_cpp_peer
     if not llama_cpp_peer.is_installed():
         pytest.skip(f"the llama.cpp peer is not installed ({llama_cpp_peer.install_hint()})")
-    meta, tensors, _ = CASES[case]
-    path = _llama_file(tmp_path / "m.gguf", meta=meta, extra_tensors=tensors, quantized=False)
     ours = _our_logits(load_model(str(path), progress=False), ids)
     peer = llama_cpp_peer.LlamaCppPeer("llama.cpp", path, 1, len(ids), logits_all=True)
     try:
-        theirs = torch.from_numpy(peer.score(ids, tmp_path)[0]).float()
+        theirs = torch.from_numpy(peer.score(ids, scratch)[0]).float()
     finally:
         peer.close()
-    assert (ours - theirs).abs().max().item() < 1e-3
+    return (ours - theirs).abs().max().item()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rope_scaling_matches_llama_cpp(home, tmp_path, case, ids):
+    """llama.cpp itself on the same GGUF: our float32 logits equal its within its own rounding."""
+    meta, tensors, _ = CASES[case]
+    path = _llama_file(tmp_path / "m.gguf", meta=meta, extra_tensors=tensors, quantized=False)
+    assert _max_delta_from_llama_cpp(path, ids, tmp_path) < 1e-3
+
+
+def _qwen3_file(path):
+    return write_tiny_gguf(path, arch="qwen3", seed=5, head_dim=32, context=CONTEXT, qk_scale=4.0, logit_scale=20.0)
+
+
+@pytest.mark.parametrize("precision", ["float32", "int4-a8"])
+def test_qwen3_matches_transformers_from_gguf_and_from_a_folder(home, tmp_path, ids, precision):
+    """Qwen3's per-head q/k norms, no biases, a head_dim wider than hidden / heads: our GGUF and folder
+    loads give Transformers' logits (float32: within 1e-4; the integer path within its quantization)."""
+    gguf = _qwen3_file(tmp_path / "q3.gguf")
+    ours = load_model(str(gguf), progress=False)
+    assert ours.config.architecture == "qwen3" and not ours.config.attention_bias and ours.config.head_dim == 32
+    folder = write_hf_folder(ours, tmp_path / "hf")
+    ref = _transformers_logits(folder, ids)
+    if precision == "float32":
+        for loaded in (ours, load_model(str(folder), progress=False)):
+            assert (_our_logits(loaded, ids) - ref).abs().max().item() < 1e-4
+        return
+    fast = _our_logits(load_model(str(gguf), precision=precision, progress=False), ids)
+    assert (fast.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+    assert (fast - ref).abs().max().item() < 0.1 * ref.abs().max().item()
+
+
+def test_qwen3_greedy_speculation_equals_plain(home, tmp_path):
+    from specdec import LLM, SamplingParams, SpeculativeConfig
+    gguf = str(_qwen3_file(tmp_path / "q3.gguf"))
+    prompts = ["the cat sat on the mat and the cat", "hello there, hello there, hello"]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = [o.token_ids for o in LLM(model=gguf, precision="int4-a8", progress=False).generate(prompts, params)]
+    spec = LLM(model=gguf, precision="int4-a8", progress=False,
+               speculative=SpeculativeConfig(method="draft_model", draft_model=gguf, num_speculative_tokens=3,
+                                             policy="fixed"))
+    outs = spec.generate(prompts, params)
+    assert [o.token_ids for o in outs] == plain
+    assert sum(o.stats.accepted_tokens for o in outs) > 0
+
+
+def test_qwen3_matches_llama_cpp(home, tmp_path, ids):
+    path = write_tiny_gguf(tmp_path / "q3.gguf", arch="qwen3", seed=5, head_dim=32, context=CONTEXT, qk_scale=4.0,
+                           logit_scale=20.0, quantized=False)
+    assert _max_delta_from_llama_cpp(path, ids, tmp_path) < 1e-3

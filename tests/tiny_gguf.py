@@ -80,7 +80,8 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
                     num_heads: int = 4, num_kv_heads: int = 2, intermediate: int = 128, context: int = 512,
                     quantized: bool = True, unsupported_tensor: str | None = None, kquants: bool = False,
                     meta: dict[str, object] | None = None, extra_tensors: dict[str, np.ndarray] | None = None,
-                    qk_scale: float = 1.0, rope_theta: float = 10000.0, logit_scale: float = 1.0) -> Path:
+                    qk_scale: float = 1.0, rope_theta: float = 10000.0, logit_scale: float = 1.0,
+                    head_dim: int | None = None) -> Path:
     """A random model of the given architecture with a byte-level BPE vocabulary (256 bytes, a few
     merges, 3 control tokens, 2 unused rows). Weights are scaled so logits are well spread.
     kquants: matrices whose rows are whole 256-value super-blocks are Q4_K and Q6_K in turn (as in the
@@ -88,7 +89,7 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
     meta: further metadata by full key (bool, int as uint32, float as float32, str); extra_tensors:
     further float32 tensors by name (a Llama 3 file's `rope_freqs.weight`); qk_scale: Q and K weights that
     much larger, so attention is peaked and positions matter; logit_scale: the output layer that much
-    larger, so the next-token distribution is peaked."""
+    larger, so the next-token distribution is peaked; head_dim: other than hidden / num_heads (as Qwen3's)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
@@ -104,7 +105,11 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
     for key, value in (meta or {}).items():
         _add_value(w, key, value)
 
-    head_dim = hidden // num_heads
+    if head_dim is None:
+        head_dim = hidden // num_heads
+    else:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     Q = gguf.GGMLQuantizationType
     kinds = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.F16, Q.BF16]  # cycled over the matrices: every loader path
     if kquants:
@@ -137,6 +142,9 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
         add(b + "attn_q.weight", (num_heads * head_dim, hidden), qk_scale * hidden ** -0.5)
         add(b + "attn_k.weight", (num_kv_heads * head_dim, hidden), qk_scale * hidden ** -0.5)
         add(b + "attn_v.weight", (num_kv_heads * head_dim, hidden), hidden ** -0.5, quant=False)
+        if arch == "qwen3":  # per-head norms, weights near 1 as trained ones are
+            w.add_tensor(b + "attn_q_norm.weight", (1 + 0.2 * rng.standard_normal(head_dim)).astype(np.float32))
+            w.add_tensor(b + "attn_k_norm.weight", (1 + 0.2 * rng.standard_normal(head_dim)).astype(np.float32))
         if arch == "qwen2":
             add(b + "attn_q.bias", (num_heads * head_dim,), 0.1)
             add(b + "attn_k.bias", (num_kv_heads * head_dim,), 0.1)
@@ -172,6 +180,8 @@ def write_hf_folder(src, folder: Path, **config) -> Path:
         if cfg.attention_bias:
             for name, part in zip("qkv", w[p + "qkv_bias"].split([q, kv, kv])):
                 hf[a + f"self_attn.{name}_proj.bias"] = part
+        if p + "q_norm" in w:
+            hf[a + "self_attn.q_norm.weight"], hf[a + "self_attn.k_norm.weight"] = w[p + "q_norm"], w[p + "k_norm"]
         hf[a + "self_attn.o_proj.weight"] = w[p + "o"]
         gate, up = w[p + "gate_up"].chunk(2)
         hf[a + "mlp.gate_proj.weight"], hf[a + "mlp.up_proj.weight"] = gate, up
@@ -183,7 +193,7 @@ def write_hf_folder(src, folder: Path, **config) -> Path:
     (folder / "config.json").write_text(json.dumps({
         "model_type": cfg.architecture, "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
         "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position,
         "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.attention_bias, **config}))
     (folder / "tokenizer.json").write_text(src.tokenizer._tok.to_str())

@@ -23,7 +23,8 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from specdec.models import gguf_keys, weight_cache
-from specdec.models.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, param_shapes
+from specdec.models.families import family, has_bias
+from specdec.models.llama import LlamaConfig, param_shapes
 
 
 class ModelFileError(ValueError):
@@ -118,8 +119,10 @@ def config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any]) -> Llama
     """The hyperparameters of a GGUF file (`tensors`: GGUFReader's by name). Every `{arch}.*` key and
     every tensor is either read or refused by name (gguf_keys.py): nothing is skipped."""
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelFileError(f"unknown architecture {arch!r}: specdec runs {', '.join(SUPPORTED_ARCHITECTURES)}")
+    try:
+        fam = family(arch)
+    except ValueError as e:
+        raise ModelFileError(str(e)) from e
 
     def get(key: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{key}", default)
@@ -137,7 +140,7 @@ def config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any]) -> Llama
     vocab = meta.get(f"{arch}.vocab_size") or len(meta["tokenizer.ggml.tokens"])
     try:
         gguf_keys.check_keys(meta, arch, head_dim)
-        freqs = tensors.get(gguf_keys.ROPE_FREQS) if arch == "llama" else None
+        freqs = tensors.get(gguf_keys.ROPE_FREQS) if fam.rope_freqs else None
         factors = None if freqs is None else tuple(float(x) for x in _dequantize(freqs).reshape(-1))
         scaling = gguf_keys.rope_scaling(meta, arch, factors)
     except ValueError as e:
@@ -154,7 +157,7 @@ def config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any]) -> Llama
         rope_theta=float(get("rope.freq_base", 10000.0)),
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         max_position=int(get("context_length")),
-        attention_bias="blk.0.attn_q.bias" in tensors,
+        attention_bias=has_bias(fam, "blk.0.attn_q.bias" in tensors),
         tie_embeddings="output.weight" not in tensors,
         rope=scaling,
     )
@@ -163,11 +166,10 @@ def config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any]) -> Llama
 
 
 def _check_every_tensor_read(cfg: LlamaConfig, tensors: dict[str, Any]) -> None:
-    read = {src for srcs in _gguf_sources(cfg).values() for src in srcs}
+    sources = _gguf_sources(cfg)
+    read = {src for name in param_shapes(cfg) for src in sources[name]}
     if cfg.rope.kind == "llama3":
         read.add(gguf_keys.ROPE_FREQS)
-    if not cfg.attention_bias:
-        read -= {src for srcs in _gguf_sources(cfg).values() for src in srcs if src.endswith(".bias")}
     unread = sorted(set(tensors) - read)
     if unread:
         raise ModelFileError(f"tensor {unread[0]} (of {len(unread)} unread) is not part of the {cfg.architecture} "
@@ -207,6 +209,7 @@ def _gguf_sources(cfg: LlamaConfig) -> dict[str, list[str]]:
         src[p + "input_norm"] = [b + "attn_norm.weight"]
         src[p + "qkv"] = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
         src[p + "qkv_bias"] = [b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias"]
+        src[p + "q_norm"], src[p + "k_norm"] = [b + "attn_q_norm.weight"], [b + "attn_k_norm.weight"]
         src[p + "o"] = [b + "attn_output.weight"]
         src[p + "post_norm"] = [b + "ffn_norm.weight"]
         src[p + "gate_up"] = [b + "ffn_gate.weight", b + "ffn_up.weight"]
@@ -246,7 +249,7 @@ def load_gguf(path: Path, sha256: str, cache_dir: Path, dtype: torch.dtype, devi
         parts = []
         for src in sources[name]:
             w = _dequantize(tensors[src])
-            if cfg.architecture == "llama" and src.endswith(("attn_q.weight", "attn_k.weight")):
+            if family(cfg.architecture).interleaved_qk and src.endswith(("attn_q.weight", "attn_k.weight")):
                 w = _unpermute(w, cfg.num_heads if "attn_q" in src else cfg.num_kv_heads)
             parts.append(torch.from_numpy(np.array(w, dtype=np.float32)))  # a writable copy
         t = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)

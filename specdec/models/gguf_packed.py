@@ -32,6 +32,7 @@ from safetensors.torch import save_file
 from specdec.models import weight_cache
 from specdec.models.gguf_loader import (ModelFileError, _dequantize, _gguf_sources, _unpermute, cached_config,
                                         check_sources, config_from_metadata, open_reader, read_header, read_metadata)
+from specdec.models.families import family
 from specdec.models.llama import LlamaConfig, param_shapes
 from specdec.quant.gguf_blocks import PACKABLE, Codes, decode
 from specdec.quant.packed import QuantLinear, QuantTensor
@@ -136,6 +137,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, pro
     cfg = config_from_metadata(meta, tensors)
     shapes, sources = param_shapes(cfg), _gguf_sources(cfg)
     check_sources(path, tensors, shapes, sources)
+    interleaved = family(cfg.architecture).interleaved_qk
     flat: dict[str, torch.Tensor] = {}
     layout: dict[str, list[dict]] = {}
     from tqdm import tqdm
@@ -145,7 +147,7 @@ def load_gguf_packed(path: Path, sha256: str, cache_dir: Path, act: int = 0, pro
         for i, src in enumerate(sources[name]):
             t = tensors[src]
             heads = cfg.num_heads if "attn_q" in src else cfg.num_kv_heads
-            permute = cfg.architecture == "llama" and src.endswith(("attn_q.weight", "attn_k.weight"))
+            permute = interleaved and src.endswith(("attn_q.weight", "attn_k.weight"))
             if not _is_matrix(name):
                 w = _dequantize(t)
                 dense_parts.append(_unpermute(w, heads) if permute and w.ndim == 2 else w)

@@ -9,16 +9,15 @@ from safetensors import safe_open
 
 from specdec.models.gguf_keys import hf_rope_scaling
 from specdec.models.gguf_loader import ModelFileError
-from specdec.models.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, param_shapes
-
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2"}
+from specdec.models.families import HF_MODEL_TYPES, family, has_bias
+from specdec.models.llama import LlamaConfig, param_shapes
 
 
 def _architecture(raw: dict) -> str:
-    arch = _MODEL_TYPES.get(raw.get("model_type", ""))
-    if arch not in SUPPORTED_ARCHITECTURES:
+    arch = HF_MODEL_TYPES.get(raw.get("model_type", ""))
+    if arch is None:
         raise ModelFileError(f"unknown architecture {raw.get('model_type')!r}: specdec runs "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+                             f"{', '.join(HF_MODEL_TYPES)}")
     return arch
 
 
@@ -55,7 +54,7 @@ def config_from_hf(raw: dict, tensor_names: set[str]) -> LlamaConfig:
         num_kv_heads=raw.get("num_key_value_heads", heads),
         head_dim=head_dim, rope_theta=theta, rms_norm_eps=float(raw["rms_norm_eps"]),
         max_position=raw.get("max_position_embeddings", 4096),
-        attention_bias="model.layers.0.self_attn.q_proj.bias" in tensor_names,
+        attention_bias=has_bias(family(arch), bool(raw.get("attention_bias", False))),
         tie_embeddings="lm_head.weight" not in tensor_names, rope=scaling,
     )
 
@@ -99,6 +98,8 @@ def load_hf_folder(path: Path, dtype: torch.dtype, device: str) -> tuple[LlamaCo
         w[p + "qkv"] = torch.cat([get(a + f"self_attn.{x}_proj.weight") for x in "qkv"])
         if cfg.attention_bias:
             w[p + "qkv_bias"] = torch.cat([get(a + f"self_attn.{x}_proj.bias") for x in "qkv"])
+        if family(cfg.architecture).qk_norm:
+            w[p + "q_norm"], w[p + "k_norm"] = get(a + "self_attn.q_norm.weight"), get(a + "self_attn.k_norm.weight")
         w[p + "o"] = get(a + "self_attn.o_proj.weight")
         w[p + "post_norm"] = get(a + "post_attention_layernorm.weight")
         w[p + "gate_up"] = torch.cat([get(a + "mlp.gate_proj.weight"), get(a + "mlp.up_proj.weight")])
@@ -107,7 +108,8 @@ def load_hf_folder(path: Path, dtype: torch.dtype, device: str) -> tuple[LlamaCo
     unread = sorted(k for k in set(raw) - used if not k.endswith("rotary_emb.inv_freq"))
     if unread:
         raise ModelFileError(f"{path}: tensor {unread[0]} (of {len(unread)} unread) is not part of the "
-                             f"{cfg.architecture} forward specdec runs; the folder is refused rather than run without it")
+                             f"{cfg.architecture} forward specdec runs; the folder is refused rather than run "
+                             "without it")
     shapes = param_shapes(cfg)
     for k, t in w.items():
         if tuple(t.shape) != shapes[k]:

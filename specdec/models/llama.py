@@ -1,5 +1,5 @@
-"""The Llama family decoder (Llama, SmolLM2, Qwen2): RMSNorm, rotary embeddings, GQA attention,
-SwiGLU MLP, optional QKV bias.
+"""The Llama-style decoder (Llama, SmolLM2, Qwen2, Qwen3): RMSNorm, rotary embeddings, GQA attention,
+SwiGLU MLP; how each family differs (QKV bias, per-head q/k norms, ...) is its `families.Family`.
 
 Weights arrive fused under our own names (see `param_shapes`): `qkv` is q|k|v stacked, `gate_up`
 is gate|up stacked. Q/K rows are in the rotate-half ("NeoX") layout for every architecture; the
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from specdec.core.outputs import DraftChain
 from specdec.models import rope
+from specdec.models.families import FAMILIES, family
 from specdec.models.rope import RopeScaling
 from specdec.quant import kernel
 from specdec.quant.attention import AttentionMetadata, paged_attention
@@ -27,7 +28,7 @@ from specdec.quant.layers import in_row_blocks, linear, row_align
 from specdec.quant.options import KernelOptions, dense_kernel, layer_kernels
 from specdec.quant.packed import QuantLinear
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
 
 @dataclass
@@ -72,6 +73,8 @@ def param_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "qkv"] = (cfg.qkv_size, h)
         if cfg.attention_bias:
             shapes[p + "qkv_bias"] = (cfg.qkv_size,)
+        if family(cfg.architecture).qk_norm:
+            shapes[p + "q_norm"] = shapes[p + "k_norm"] = (cfg.head_dim,)
         shapes[p + "o"] = (h, cfg.num_heads * cfg.head_dim)
         shapes[p + "post_norm"] = (h,)
         shapes[p + "gate_up"] = (2 * i, h)
@@ -141,7 +144,7 @@ class LlamaModel:
             return None
         if not self._fused_tried:
             cfg, w = self.cfg, self.w
-            names = ("input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_bias")
+            names = ("input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_bias", "q_norm", "k_norm")
             layers = {n: {name: w[f"layers.{n}.{name}"] for name in names if f"layers.{n}.{name}" in w}
                       for n in range(cfg.num_layers) if n not in self.skip_layers}
             self._fused, self._fused_tried = FusedDecoder.build(cfg, layers, w["norm"]), True
@@ -182,11 +185,16 @@ class LlamaModel:
             p = f"layers.{n}."
             x = self._norm(h, w[p + "input_norm"], delta, fast)
             qkv = linear(x, w[p + "qkv"], w.get(p + "qkv_bias"), options=options)
+            norms = (w[p + "q_norm"], w[p + "k_norm"]) if p + "q_norm" in w else None
             if fast:  # in place on q|k of each row
+                if norms:
+                    kernel.head_norms_(qkv, nh, nkv, d, *norms, cfg.rms_norm_eps)
                 kernel.rope_(qkv[:, :(nh + nkv) * d].view(-1, nh + nkv, d), positions, self.cos, self.sin)
             q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
             q, k = q.reshape(-1, nh, d), k.reshape(-1, nkv, d)
             if not fast:
+                if norms:
+                    q, k = rms_norm(q, norms[0], cfg.rms_norm_eps), rms_norm(k, norms[1], cfg.rms_norm_eps)
                 q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             attn = paged_attention(q, k, v.reshape(-1, nkv, d), kv_caches[n], meta, options=options)
             x = self._norm(h, w[p + "post_norm"], linear(attn, w[p + "o"], options=options), fast)

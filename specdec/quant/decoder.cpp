@@ -1,8 +1,9 @@
 // The decoder's layer loop in one call: for each layer, RMSNorm (with the residual add), q|k|v,
-// rotary embeddings, the K/V write into the paged cache, attention, o, RMSNorm, gate|up, SiLU·up,
-// down. From Python the same loop made about 300 kernel calls a token, and their Python and ctypes
-// overhead cost more than attention's arithmetic. Every step calls the same kernels as the Python loop
-// (`llama.py`), in the same order, on the same rows: the results are bitwise the same.
+// per-head q/k norms where the family has them, rotary embeddings, the K/V write into the paged
+// cache, attention, o, RMSNorm, gate|up, SiLU·up, down. From Python the same loop made about 300
+// kernel calls a token, and their Python and ctypes overhead cost more than attention's arithmetic.
+// Every step calls the same kernels as the Python loop (`llama.py`), in the same order, on the same
+// rows: the results are bitwise the same.
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -170,6 +171,8 @@ int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, c
         const Layer& L = layers[n];
         rms_norm(h, hd, have_delta ? delta.data() : nullptr, hd, rows, hd, L.input_norm, D.eps, x.data(), threads);
         if (int rc = linear(L.qkv, x.data(), rows, hd, qkv.data(), threads)) return rc;
+        if (L.q_norm)
+            head_norms(qkv.data(), qkv_size, rows, D.num_heads, D.num_kv_heads, d, L.q_norm, L.k_norm, D.eps, threads);
         rope(qkv.data(), qkv_size, rows, D.num_heads + D.num_kv_heads, d, positions, cos, sin);
         for (int64_t r = 0; r < num_real; ++r) {
             const float* kv = qkv.data() + r * qkv_size + q_size;

@@ -44,6 +44,7 @@ class FusedDecoder:
         for slot, n in zip(self.layers, self.indices):
             w = layers[n]
             slot.input_norm, slot.post_norm = _ptr(w["input_norm"]), _ptr(w["post_norm"])
+            slot.q_norm, slot.k_norm = _ptr(w.get("q_norm")), _ptr(w.get("k_norm"))
             slot.qkv = self._linear(w["qkv"], w.get("qkv_bias"))
             slot.o, slot.gate_up, slot.down = self._linear(w["o"]), self._linear(w["gate_up"]), self._linear(w["down"])
         self.dims = Dims(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, num_heads=cfg.num_heads,
@@ -54,8 +55,8 @@ class FusedDecoder:
 
     @classmethod
     def build(cls, cfg, layers: dict[int, dict[str, object]], final_norm: torch.Tensor) -> FusedDecoder | None:
-        tensors = [final_norm] + [w[name] for w in layers.values() for name in ("input_norm", "post_norm", "qkv_bias")
-                                  if name in w]
+        vectors = ("input_norm", "post_norm", "qkv_bias", "q_norm", "k_norm")
+        tensors = [final_norm] + [w[name] for w in layers.values() for name in vectors if name in w]
         if not all(_float32(t) for t in tensors):
             return None
         for w in layers.values():

@@ -50,8 +50,8 @@ class Linear(ctypes.Structure):
 
 
 class Layer(ctypes.Structure):
-    _fields_ = [("input_norm", _ptr), ("post_norm", _ptr), ("qkv", Linear), ("o", Linear), ("gate_up", Linear),
-                ("down", Linear), ("k_cache", _ptr), ("v_cache", _ptr)]
+    _fields_ = [("input_norm", _ptr), ("post_norm", _ptr), ("q_norm", _ptr), ("k_norm", _ptr), ("qkv", Linear),
+                ("o", Linear), ("gate_up", Linear), ("down", Linear), ("k_cache", _ptr), ("v_cache", _ptr)]
 
 
 class Dims(ctypes.Structure):
@@ -91,6 +91,8 @@ SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
                         ("w", _ptr), ("eps", _f32), ("out", _ptr), ("threads", _int)]),
     "rope": (None, [("x", _ptr), ("ldx", _i64), ("rows", _i64), ("heads", _i64), ("d", _i64), ("positions", _ptr),
                     ("cos", _ptr), ("sin", _ptr)]),
+    "head_norms": (None, [("x", _ptr), ("ldx", _i64), ("rows", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
+                          ("d", _i64), ("q_norm", _ptr), ("k_norm", _ptr), ("eps", _f32), ("threads", _int)]),
     "silu_mul": (None, [("x", _ptr), ("rows", _i64), ("n", _i64), ("out", _ptr), ("threads", _int)]),
     "attention": (None, [("q", _ptr), ("ldq", _i64), ("rows", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
                          ("d", _i64), ("kv_slots", _i64), ("k_cache", _ptr), ("v_cache", _ptr), ("ctx_slots", _ptr),
@@ -309,6 +311,16 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torc
     assert positions.dtype == torch.int64 and positions.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
     _lib().rope(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], x.shape[2], positions.data_ptr(),
                 cos.data_ptr(), sin.data_ptr())
+
+
+def head_norms_(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, d: int, q_norm: torch.Tensor,
+                k_norm: torch.Tensor, eps: float) -> None:
+    """RMSNorm of each head of q and of k in place (Qwen3): qkv [rows, (num_heads + 2 num_kv_heads) d]
+    float32 with unit column stride, q_norm / k_norm [d] float32 contiguous, d a multiple of 8."""
+    assert qkv.dtype == q_norm.dtype == k_norm.dtype == torch.float32 and qkv.stride(1) == 1 and d % 8 == 0
+    assert q_norm.is_contiguous() and k_norm.is_contiguous() and q_norm.numel() == k_norm.numel() == d
+    _lib().head_norms(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], num_heads, num_kv_heads, d, q_norm.data_ptr(),
+                      k_norm.data_ptr(), eps, torch.get_num_threads())
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,8 @@ struct Linear {
 struct Layer {
     const float* input_norm;
     const float* post_norm;
+    const float* q_norm;    // [head_dim]: an RMSNorm over each head of q before rotary embeddings, or null
+    const float* k_norm;    // [head_dim]: the same over each head of k (null with q_norm)
     Linear qkv;
     Linear o;
     Linear gate_up;
@@ -124,6 +126,8 @@ void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t ro
               float eps, float* out, int threads);
 void rope(float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t d, const int64_t* positions, const float* cos,
           const float* sin);
+void head_norms(float* x, int64_t ldx, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
+                const float* q_norm, const float* k_norm, float eps, int threads);
 void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads);
 // attention.cpp: paged attention
 void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,

@@ -20,27 +20,44 @@ using simd::hsum;
 
 extern "C" {
 
+namespace {
+
+// One row: out = w * (x * (1 / sqrt(mean(x^2) + eps))), the reference implementations' order of
+// operations; x += delta first where delta is set. out may be x.
+inline void norm_row(float* xr, const float* delta, int64_t h, const float* w, float eps, float* out) {
+    if (delta)
+        for (int64_t i = 0; i < h; i += 8)
+            _mm256_storeu_ps(xr + i, _mm256_add_ps(_mm256_loadu_ps(xr + i), _mm256_loadu_ps(delta + i)));
+    __m256 ss = _mm256_setzero_ps();
+    for (int64_t i = 0; i < h; i += 8) {
+        __m256 v = _mm256_loadu_ps(xr + i);
+        ss = _mm256_fmadd_ps(v, v, ss);
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(ss) / (float)h + eps));
+    for (int64_t i = 0; i < h; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), inv)));
+}
+
+}  // namespace
+
 // x: [rows, h] (row stride ldx), w: [h], out: [rows, h] contiguous; h a multiple of 8.
 // delta != null: x += delta first (the residual add, in place; delta row stride ldd).
-// out = w * (x * (1 / sqrt(mean(x^2) + eps))), the reference implementations' order of operations.
 void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t rows, int64_t h, const float* w,
               float eps, float* out, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
-    for (int64_t r = 0; r < rows; ++r) {
-        float* xr = x + r * ldx;
-        if (delta)
-            for (int64_t i = 0; i < h; i += 8)
-                _mm256_storeu_ps(xr + i, _mm256_add_ps(_mm256_loadu_ps(xr + i), _mm256_loadu_ps(delta + r * ldd + i)));
-        __m256 ss = _mm256_setzero_ps();
-        for (int64_t i = 0; i < h; i += 8) {
-            __m256 v = _mm256_loadu_ps(xr + i);
-            ss = _mm256_fmadd_ps(v, v, ss);
+    for (int64_t r = 0; r < rows; ++r) norm_row(x + r * ldx, delta ? delta + r * ldd : nullptr, h, w, eps, out + r * h);
+}
+
+// In place on each row's q|k heads (x: [rows, num_heads + num_kv_heads, d] with row stride ldx): every
+// head of q normed with q_norm, every head of k with k_norm (Qwen3's per-head norms); d a multiple of 8.
+void head_norms(float* x, int64_t ldx, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
+                const float* q_norm, const float* k_norm, float eps, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t hd = 0; hd < num_heads + num_kv_heads; ++hd) {
+            float* head = x + r * ldx + hd * d;
+            norm_row(head, nullptr, d, hd < num_heads ? q_norm : k_norm, eps, head);
         }
-        const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(ss) / (float)h + eps));
-        for (int64_t i = 0; i < h; i += 8)
-            _mm256_storeu_ps(out + r * h + i,
-                             _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), inv)));
-    }
 }
 
 // Rotate-half ("NeoX") rotary embedding in place on `heads` heads of each row: x: [rows, heads, d]

@@ -1,0 +1,39 @@
+"""Decoder families, each declared once: how it differs from the base decoder (RMSNorm before attention
+and MLP, rotate-half rotary embeddings, grouped-query attention, SwiGLU). The loaders, the PyTorch
+forward and the C++ forward read these flags; nothing is inferred from which tensors a file holds.
+A new family is one entry here (and its test in tests/test_model_keys.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str               # GGUF `general.architecture`
+    hf_model_type: str      # Hugging Face `config.json` model_type
+    qkv_bias: str           # "always", "never", or "optional" (read where the file has them, as llama.cpp does)
+    qk_norm: bool = False   # an RMSNorm over each head of q and of k, before rotary embeddings (Qwen3)
+    interleaved_qk: bool = False  # GGUF Q/K rows in llama.cpp's interleaved order (undone at load)
+    rope_freqs: bool = False      # reads a GGUF `rope_freqs.weight` (Llama 3's per-frequency rope factors)
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("llama", "llama", qkv_bias="optional", interleaved_qk=True, rope_freqs=True),
+    Family("qwen2", "qwen2", qkv_bias="always"),
+    Family("qwen3", "qwen3", qkv_bias="never", qk_norm=True),
+)}
+HF_MODEL_TYPES = {f.hf_model_type: f.name for f in FAMILIES.values()}
+
+
+def family(architecture: str) -> Family:
+    """The family of a GGUF architecture name; ValueError naming those that run."""
+    if architecture not in FAMILIES:
+        raise ValueError(f"unknown architecture {architecture!r}: specdec runs {', '.join(FAMILIES)}")
+    return FAMILIES[architecture]
+
+
+def has_bias(fam: Family, file_has_bias: bool) -> bool:
+    """Whether q|k|v carry biases: the family's declaration, or the file's where the family allows both."""
+    if fam.qkv_bias == "optional":
+        return file_has_bias
+    return fam.qkv_bias == "always"
