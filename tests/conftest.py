@@ -54,6 +54,12 @@ def tiny_qwen3(tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_smollm3(tiny_dir) -> Path:
+    """SmolLM3: llama's layout, every 4th layer without rotary embeddings."""
+    return write_tiny_gguf(tiny_dir / "tiny-smollm3.gguf", arch="smollm3", seed=6, num_layers=4, qk_scale=12.0)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tiny_dir) -> Path:
     return write_tiny_gguf(tiny_dir / "tiny-llama.gguf", arch="llama", seed=1)
 

@@ -61,7 +61,7 @@ def test_neutral_values_and_descriptive_keys_load(home, tmp_path):
     path = _llama_file(tmp_path / "m.gguf", meta={
         "llama.expert_count": 0, "llama.attention.causal": True, "llama.rope.dimension_count": HEAD_DIM,
         "llama.final_logit_softcapping": 0.0, "llama.rope.scaling.type": "none", "quantize.imatrix.file": "x.dat",
-        "general.url": "https://example.org"})
+        "general.url": "https://example.org", "llama.tensor_data_layout": "Meta AI original pth"})
     assert load_model(str(path), progress=False).config.rope == RopeScaling()
 
 
@@ -197,21 +197,32 @@ def test_rope_scaling_matches_llama_cpp(home, tmp_path, case, ids):
     assert _max_delta_from_llama_cpp(path, ids, tmp_path) < 1e-3
 
 
-def _qwen3_file(path):
-    return write_tiny_gguf(path, arch="qwen3", seed=5, head_dim=32, context=CONTEXT, qk_scale=4.0, logit_scale=20.0)
+# each new family's random file: (write_tiny_gguf's arguments); its differences in families.py
+FAMILY_FILES = {
+    "qwen3": {"seed": 5, "head_dim": 32, "qk_scale": 4.0},  # q|k|v wider than a row, per-head norms
+    "smollm3": {"seed": 6, "num_layers": 4, "qk_scale": 12.0},  # layer 3 without rotary embeddings
+}
+
+
+def _family_file(path, arch: str, quantized: bool = True):
+    return write_tiny_gguf(path, arch=arch, context=CONTEXT, logit_scale=20.0, quantized=quantized,
+                           **FAMILY_FILES[arch])
 
 
 @pytest.mark.parametrize("precision", ["float32", "int4-a8"])
-def test_qwen3_matches_transformers_from_gguf_and_from_a_folder(home, tmp_path, ids, precision):
-    """Qwen3's per-head q/k norms, no biases, a head_dim wider than hidden / heads: our GGUF and folder
-    loads give Transformers' logits (float32: within 1e-4; the integer path within its quantization)."""
-    gguf = _qwen3_file(tmp_path / "q3.gguf")
+@pytest.mark.parametrize("arch", list(FAMILY_FILES))
+def test_family_matches_transformers_from_gguf_and_from_a_folder(home, tmp_path, ids, arch, precision):
+    """Our GGUF and folder loads give Transformers' logits for the family (float32: within 1e-4; the
+    integer path within its quantization)."""
+    gguf = _family_file(tmp_path / "m.gguf", arch)
     ours = load_model(str(gguf), progress=False)
-    assert ours.config.architecture == "qwen3" and not ours.config.attention_bias and ours.config.head_dim == 32
+    assert ours.config.architecture == arch
     folder = write_hf_folder(ours, tmp_path / "hf")
     ref = _transformers_logits(folder, ids)
     if precision == "float32":
-        for loaded in (ours, load_model(str(folder), progress=False)):
+        from_folder = load_model(str(folder), progress=False)
+        assert from_folder.config == ours.config
+        for loaded in (ours, from_folder):
             assert (_our_logits(loaded, ids) - ref).abs().max().item() < 1e-4
         return
     fast = _our_logits(load_model(str(gguf), precision=precision, progress=False), ids)
@@ -219,9 +230,19 @@ def test_qwen3_matches_transformers_from_gguf_and_from_a_folder(home, tmp_path, 
     assert (fast - ref).abs().max().item() < 0.1 * ref.abs().max().item()
 
 
-def test_qwen3_greedy_speculation_equals_plain(home, tmp_path):
+def test_family_declarations():
+    from specdec.models.families import family
+    q3, s3 = family("qwen3"), family("smollm3")
+    assert q3.qk_norm and q3.qkv_bias == "never" and not q3.interleaved_qk
+    assert s3.no_rope_layers(8) == (3, 7) and s3.interleaved_qk and family("llama").no_rope_layers(8) == ()
+    with pytest.raises(ValueError, match="unknown architecture 'gemma3': specdec runs llama, qwen2, qwen3, smollm3"):
+        family("gemma3")
+
+
+@pytest.mark.parametrize("arch", list(FAMILY_FILES))
+def test_family_greedy_speculation_equals_plain(home, tmp_path, arch):
     from specdec import LLM, SamplingParams, SpeculativeConfig
-    gguf = str(_qwen3_file(tmp_path / "q3.gguf"))
+    gguf = str(_family_file(tmp_path / "m.gguf", arch))
     prompts = ["the cat sat on the mat and the cat", "hello there, hello there, hello"]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     plain = [o.token_ids for o in LLM(model=gguf, precision="int4-a8", progress=False).generate(prompts, params)]
@@ -233,7 +254,6 @@ def test_qwen3_greedy_speculation_equals_plain(home, tmp_path):
     assert sum(o.stats.accepted_tokens for o in outs) > 0
 
 
-def test_qwen3_matches_llama_cpp(home, tmp_path, ids):
-    path = write_tiny_gguf(tmp_path / "q3.gguf", arch="qwen3", seed=5, head_dim=32, context=CONTEXT, qk_scale=4.0,
-                           logit_scale=20.0, quantized=False)
-    assert _max_delta_from_llama_cpp(path, ids, tmp_path) < 1e-3
+@pytest.mark.parametrize("arch", list(FAMILY_FILES))
+def test_family_matches_llama_cpp(home, tmp_path, ids, arch):
+    assert _max_delta_from_llama_cpp(_family_file(tmp_path / "m.gguf", arch, quantized=False), ids, tmp_path) < 1e-3

@@ -195,7 +195,9 @@ def write_hf_folder(src, folder: Path, **config) -> Path:
         "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
         "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position,
-        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.attention_bias, **config}))
+        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.attention_bias, "pad_token_id": None,
+        **({"no_rope_layers": [int(n not in cfg.no_rope_layers) for n in range(cfg.num_layers)]}
+           if cfg.architecture == "smollm3" else {}), **config}))
     (folder / "tokenizer.json").write_text(src.tokenizer._tok.to_str())
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "add_bos_token": False,
                                                               "chat_template": src.tokenizer.chat_template}))

@@ -15,12 +15,19 @@ class Family:
     qk_norm: bool = False   # an RMSNorm over each head of q and of k, before rotary embeddings (Qwen3)
     interleaved_qk: bool = False  # GGUF Q/K rows in llama.cpp's interleaved order (undone at load)
     rope_freqs: bool = False      # reads a GGUF `rope_freqs.weight` (Llama 3's per-frequency rope factors)
+    no_rope_interval: int = 0     # every n-th layer (n, 2n, ...) attends without rotary embeddings (SmolLM3: 4)
+
+    def no_rope_layers(self, num_layers: int) -> tuple[int, ...]:
+        """The layers without rotary embeddings, as llama.cpp places them for a GGUF file."""
+        n = self.no_rope_interval
+        return tuple(i for i in range(num_layers) if n and (i + 1) % n == 0)
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("llama", "llama", qkv_bias="optional", interleaved_qk=True, rope_freqs=True),
     Family("qwen2", "qwen2", qkv_bias="always"),
     Family("qwen3", "qwen3", qkv_bias="never", qk_norm=True),
+    Family("smollm3", "smollm3", qkv_bias="never", interleaved_qk=True, no_rope_interval=4),
 )}
 HF_MODEL_TYPES = {f.hf_model_type: f.name for f in FAMILIES.values()}
 

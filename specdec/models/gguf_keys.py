@@ -16,7 +16,8 @@ READ = frozenset({
     "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear", "rope.scaling.original_context_length",
     "rope.scaling.attn_factor", "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_beta_fast",
     "rope.scaling.yarn_beta_slow",
-    "rope.scaling.finetuned",  # whether the scaling was trained with: changes no arithmetic
+    # describe the file, change no arithmetic (llama.cpp reads neither at inference)
+    "rope.scaling.finetuned", "tensor_data_layout",
 })
 
 # keys that change the forward unless they hold one of these values (llama.cpp's "off")

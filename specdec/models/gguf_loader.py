@@ -160,6 +160,7 @@ def config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any]) -> Llama
         attention_bias=has_bias(fam, "blk.0.attn_q.bias" in tensors),
         tie_embeddings="output.weight" not in tensors,
         rope=scaling,
+        no_rope_layers=fam.no_rope_layers(int(get("block_count"))),
     )
     _check_every_tensor_read(cfg, tensors)
     return cfg

@@ -25,7 +25,20 @@ def _architecture(raw: dict) -> str:
 _NEUTRAL = {"hidden_act": ("silu",), "mlp_bias": (False,), "use_sliding_window": (False,),
             "attn_logit_softcapping": (None,), "final_logit_softcapping": (None,), "logit_scale": (None, 1.0),
             "logits_scaling": (None, 1.0), "embedding_multiplier": (None, 1.0), "residual_multiplier": (None, 1.0),
-            "attention_multiplier": (None,), "partial_rotary_factor": (None, 1.0), "no_rope_layers": (None,)}
+            "attention_multiplier": (None,), "partial_rotary_factor": (None, 1.0)}
+
+
+def _no_rope_layers(raw: dict, arch: str) -> tuple[int, ...]:
+    """The layers without rotary embeddings: SmolLM3's `no_rope_layers` (1: the layer rotates), else none."""
+    flags = raw.get("no_rope_layers")
+    if flags is None:
+        return family(arch).no_rope_layers(raw["num_hidden_layers"])
+    if family(arch).no_rope_interval == 0:
+        raise ModelFileError(f"config.json no_rope_layers: layers without rotary embeddings are not part of {arch}")
+    if len(flags) != raw["num_hidden_layers"]:
+        raise ModelFileError(f"config.json no_rope_layers has {len(flags)} entries for "
+                             f"{raw['num_hidden_layers']} layers")
+    return tuple(i for i, rotates in enumerate(flags) if not rotates)
 
 
 def _check_keys(raw: dict) -> None:
@@ -55,7 +68,7 @@ def config_from_hf(raw: dict, tensor_names: set[str]) -> LlamaConfig:
         head_dim=head_dim, rope_theta=theta, rms_norm_eps=float(raw["rms_norm_eps"]),
         max_position=raw.get("max_position_embeddings", 4096),
         attention_bias=has_bias(family(arch), bool(raw.get("attention_bias", False))),
-        tie_embeddings="lm_head.weight" not in tensor_names, rope=scaling,
+        tie_embeddings="lm_head.weight" not in tensor_names, rope=scaling, no_rope_layers=_no_rope_layers(raw, arch),
     )
 
 

@@ -47,6 +47,7 @@ class LlamaConfig:
     attention_bias: bool
     tie_embeddings: bool
     rope: RopeScaling = field(default_factory=RopeScaling)  # how the file scales its rotary frequencies
+    no_rope_layers: tuple[int, ...] = ()  # layers that attend without rotary embeddings (SmolLM3)
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "rope": self.rope.to_dict()}
@@ -54,7 +55,8 @@ class LlamaConfig:
     @classmethod
     def from_dict(cls, d: dict) -> LlamaConfig:
         """The inverse of `to_dict`; a KeyError where a field is missing (a cache written before it)."""
-        return cls(**{f.name: d[f.name] for f in fields(cls)} | {"rope": RopeScaling.from_dict(d["rope"])})
+        return cls(**{f.name: d[f.name] for f in fields(cls)} | {"rope": RopeScaling.from_dict(d["rope"]),
+                                                                  "no_rope_layers": tuple(d["no_rope_layers"])})
 
     @property
     def qkv_size(self) -> int:
@@ -147,7 +149,7 @@ class LlamaModel:
             names = ("input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_bias", "q_norm", "k_norm")
             layers = {n: {name: w[f"layers.{n}.{name}"] for name in names if f"layers.{n}.{name}" in w}
                       for n in range(cfg.num_layers) if n not in self.skip_layers}
-            self._fused, self._fused_tried = FusedDecoder.build(cfg, layers, w["norm"]), True
+            self._fused, self._fused_tried = FusedDecoder.build(cfg, layers, w["norm"], cfg.no_rope_layers), True
         return self._fused
 
     def _kernels(self) -> bool:
@@ -186,16 +188,19 @@ class LlamaModel:
             x = self._norm(h, w[p + "input_norm"], delta, fast)
             qkv = linear(x, w[p + "qkv"], w.get(p + "qkv_bias"), options=options)
             norms = (w[p + "q_norm"], w[p + "k_norm"]) if p + "q_norm" in w else None
+            rotate = n not in cfg.no_rope_layers
             if fast:  # in place on q|k of each row
                 if norms:
                     kernel.head_norms_(qkv, nh, nkv, d, *norms, cfg.rms_norm_eps)
-                kernel.rope_(qkv[:, :(nh + nkv) * d].view(-1, nh + nkv, d), positions, self.cos, self.sin)
+                if rotate:
+                    kernel.rope_(qkv[:, :(nh + nkv) * d].view(-1, nh + nkv, d), positions, self.cos, self.sin)
             q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
             q, k = q.reshape(-1, nh, d), k.reshape(-1, nkv, d)
             if not fast:
                 if norms:
                     q, k = rms_norm(q, norms[0], cfg.rms_norm_eps), rms_norm(k, norms[1], cfg.rms_norm_eps)
-                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+                if rotate:
+                    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             attn = paged_attention(q, k, v.reshape(-1, nkv, d), kv_caches[n], meta, options=options)
             x = self._norm(h, w[p + "post_norm"], linear(attn, w[p + "o"], options=options), fast)
             gate_up = linear(x, w[p + "gate_up"], options=options)

@@ -173,7 +173,7 @@ int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, c
         if (int rc = linear(L.qkv, x.data(), rows, hd, qkv.data(), threads)) return rc;
         if (L.q_norm)
             head_norms(qkv.data(), qkv_size, rows, D.num_heads, D.num_kv_heads, d, L.q_norm, L.k_norm, D.eps, threads);
-        rope(qkv.data(), qkv_size, rows, D.num_heads + D.num_kv_heads, d, positions, cos, sin);
+        if (L.rope) rope(qkv.data(), qkv_size, rows, D.num_heads + D.num_kv_heads, d, positions, cos, sin);
         for (int64_t r = 0; r < num_real; ++r) {
             const float* kv = qkv.data() + r * qkv_size + q_size;
             store_kv(L.k_cache, slot_mapping[r], kv, D);

@@ -36,8 +36,10 @@ class FusedDecoder:
     """The layers of one model as the C++ loop sees them. `build` returns None where some weight has a
     form the loop does not run (the caller keeps the Python loop)."""
 
-    def __init__(self, cfg, layers: dict[int, dict[str, object]], final_norm: torch.Tensor) -> None:
-        """layers: the weights of each layer the forward runs, by layer number (self-speculation skips some)."""
+    def __init__(self, cfg, layers: dict[int, dict[str, object]], final_norm: torch.Tensor,
+                 no_rope: tuple[int, ...] = ()) -> None:
+        """layers: the weights of each layer the forward runs, by layer number (self-speculation skips some);
+        no_rope: the layers that attend without rotary embeddings."""
         self._keep: list[object] = []  # the ctypes arrays the structs point into
         self.indices = sorted(layers)
         self.layers = (Layer * len(layers))()
@@ -45,6 +47,7 @@ class FusedDecoder:
             w = layers[n]
             slot.input_norm, slot.post_norm = _ptr(w["input_norm"]), _ptr(w["post_norm"])
             slot.q_norm, slot.k_norm = _ptr(w.get("q_norm")), _ptr(w.get("k_norm"))
+            slot.rope = int(n not in no_rope)
             slot.qkv = self._linear(w["qkv"], w.get("qkv_bias"))
             slot.o, slot.gate_up, slot.down = self._linear(w["o"]), self._linear(w["gate_up"]), self._linear(w["down"])
         self.dims = Dims(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, num_heads=cfg.num_heads,
@@ -54,7 +57,8 @@ class FusedDecoder:
         self._caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @classmethod
-    def build(cls, cfg, layers: dict[int, dict[str, object]], final_norm: torch.Tensor) -> FusedDecoder | None:
+    def build(cls, cfg, layers: dict[int, dict[str, object]], final_norm: torch.Tensor,
+              no_rope: tuple[int, ...] = ()) -> FusedDecoder | None:
         vectors = ("input_norm", "post_norm", "qkv_bias", "q_norm", "k_norm")
         tensors = [final_norm] + [w[name] for w in layers.values() for name in vectors if name in w]
         if not all(_float32(t) for t in tensors):
@@ -63,7 +67,7 @@ class FusedDecoder:
             for name in ("qkv", "o", "gate_up", "down"):
                 if not _supported(w[name]):
                     return None
-        return cls(cfg, layers, final_norm)
+        return cls(cfg, layers, final_norm, no_rope)
 
     def _linear(self, weight: QuantLinear | torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         return describe_linear(weight, bias, self._keep)

@@ -51,7 +51,8 @@ class Linear(ctypes.Structure):
 
 class Layer(ctypes.Structure):
     _fields_ = [("input_norm", _ptr), ("post_norm", _ptr), ("q_norm", _ptr), ("k_norm", _ptr), ("qkv", Linear),
-                ("o", Linear), ("gate_up", Linear), ("down", Linear), ("k_cache", _ptr), ("v_cache", _ptr)]
+                ("o", Linear), ("gate_up", Linear), ("down", Linear), ("k_cache", _ptr), ("v_cache", _ptr),
+                ("rope", _int)]
 
 
 class Dims(ctypes.Structure):

@@ -39,6 +39,7 @@ struct Layer {
     Linear down;
     void* k_cache;          // [num_kv_heads, Dims.kv_slots, row], rows in Dims.kv_format (kv_format.py)
     void* v_cache;
+    int rope;               // 0: the layer attends without rotary embeddings (SmolLM3's every 4th)
 };
 
 struct Dims {
