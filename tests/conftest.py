@@ -60,6 +60,12 @@ def tiny_smollm3(tiny_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_olmo2(tiny_dir) -> Path:
+    """OLMo 2: norms on attention's and the MLP's outputs, q/k norms over the whole projection."""
+    return write_tiny_gguf(tiny_dir / "tiny-olmo2.gguf", arch="olmo2", seed=8, qk_scale=3.0)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tiny_dir) -> Path:
     return write_tiny_gguf(tiny_dir / "tiny-llama.gguf", arch="llama", seed=1)
 

@@ -198,7 +198,7 @@ def _logits(runner, chunks):
 
 
 @pytest.mark.parametrize("precision", ["float32", "float32-pytorch", "bfloat16", "int4"])
-@pytest.mark.parametrize("arch", ["tiny_qwen", "tiny_llama", "tiny_qwen3", "tiny_smollm3"])
+@pytest.mark.parametrize("arch", ["tiny_qwen", "tiny_llama", "tiny_qwen3", "tiny_smollm3", "tiny_olmo2"])
 def test_model_logits_bitwise_across_batching(arch, precision, request):
     if precision == "float32-pytorch" and on_device() != "cpu":
         pytest.skip("a CPU path")
@@ -228,6 +228,7 @@ def test_model_logits_bitwise_across_batching(arch, precision, request):
 @pytest.mark.parametrize("arch,precision,skip,kv", [
     ("tiny_qwen", "float32", (), None), ("tiny_qwen", "int4", (), None), ("tiny_llama", "int4", (), None),
     ("tiny_qwen3", "float32", (), None), ("tiny_qwen3", "int4-a8", (), None), ("tiny_smollm3", "int4-a8", (), None),
+    ("tiny_olmo2", "float32", (), None), ("tiny_olmo2", "int4-a8", (), None), ("tiny_olmo2", "int4-a8", (1,), None),
     ("tiny_kquant", "int4", (), None), ("tiny_kquant", "int4-a8", (), None), ("tiny_kquant", "int4-a16", (), None),
     ("tiny_qwen", "int4-a8", (), None), ("tiny_qwen", "int4", (1,), None), ("tiny_qwen", "int4-a8", (), torch.float16),
     ("tiny_qwen", "float32", (), torch.float16), ("tiny_qwen", "int4-a8", (), torch.int8)])

@@ -23,6 +23,7 @@ BLOCK = 16
 THETA = 10000.0
 CONTEXT = 512
 HEAD_DIM = 16  # write_tiny_gguf's hidden 64 over 4 heads
+LLAMA_CPP_RTOL = 3e-4  # llama.cpp's float32 logits against ours, over its largest |logit| (float16 K/V there)
 # llama3 over an original context of 64 tokens: wavelengths 6-20k tokens span kept, blended and divided
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}
@@ -175,8 +176,8 @@ def test_rope_scaling_survives_the_weight_cache(home, tmp_path):
 
 
 def _max_delta_from_llama_cpp(path, ids: list[int], scratch) -> float:
-    """The largest |logit| difference between our float32 and llama.cpp on the same GGUF, at every position
-    (skips where the llama.cpp peer is not installed)."""
+    """The largest |logit| difference between our float32 and llama.cpp on the same GGUF, at every position,
+    over llama.cpp's largest |logit| (skips where the llama.cpp peer is not installed)."""
     from specdec.bench import llama_cpp_peer
     if not llama_cpp_peer.is_installed():
         pytest.skip(f"the llama.cpp peer is not installed ({llama_cpp_peer.install_hint()})")
@@ -186,21 +187,23 @@ def _max_delta_from_llama_cpp(path, ids: list[int], scratch) -> float:
         theirs = torch.from_numpy(peer.score(ids, scratch)[0]).float()
     finally:
         peer.close()
-    return (ours - theirs).abs().max().item()
+    return (ours - theirs).abs().max().item() / theirs.abs().max().item()
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_rope_scaling_matches_llama_cpp(home, tmp_path, case, ids):
-    """llama.cpp itself on the same GGUF: our float32 logits equal its within its own rounding."""
+    """llama.cpp itself on the same GGUF: our float32 logits equal its within its own rounding (its K/V
+    cache holds float16: measured 4e-5 to 1.3e-4 of the largest logit over these files)."""
     meta, tensors, _ = CASES[case]
     path = _llama_file(tmp_path / "m.gguf", meta=meta, extra_tensors=tensors, quantized=False)
-    assert _max_delta_from_llama_cpp(path, ids, tmp_path) < 1e-3
+    assert _max_delta_from_llama_cpp(path, ids, tmp_path) < LLAMA_CPP_RTOL
 
 
 # each new family's random file: (write_tiny_gguf's arguments); its differences in families.py
 FAMILY_FILES = {
     "qwen3": {"seed": 5, "head_dim": 32, "qk_scale": 4.0},  # q|k|v wider than a row, per-head norms
     "smollm3": {"seed": 6, "num_layers": 4, "qk_scale": 12.0},  # layer 3 without rotary embeddings
+    "olmo2": {"seed": 8, "qk_scale": 3.0},  # norms after attention and the MLP; q/k norms over the projection
 }
 
 
@@ -232,10 +235,12 @@ def test_family_matches_transformers_from_gguf_and_from_a_folder(home, tmp_path,
 
 def test_family_declarations():
     from specdec.models.families import family
-    q3, s3 = family("qwen3"), family("smollm3")
-    assert q3.qk_norm and q3.qkv_bias == "never" and not q3.interleaved_qk
+    q3, s3, o2 = family("qwen3"), family("smollm3"), family("olmo2")
+    assert q3.qk_norm == "head" and q3.qkv_bias == "never" and not q3.interleaved_qk
+    assert o2.qk_norm == "projection" and o2.norms == "post" and q3.norms == "pre"
     assert s3.no_rope_layers(8) == (3, 7) and s3.interleaved_qk and family("llama").no_rope_layers(8) == ()
-    with pytest.raises(ValueError, match="unknown architecture 'gemma3': specdec runs llama, qwen2, qwen3, smollm3"):
+    runs = "specdec runs llama, qwen2, qwen3, olmo2, smollm3"
+    with pytest.raises(ValueError, match=f"unknown architecture 'gemma3': {runs}"):
         family("gemma3")
 
 
@@ -256,4 +261,5 @@ def test_family_greedy_speculation_equals_plain(home, tmp_path, arch):
 
 @pytest.mark.parametrize("arch", list(FAMILY_FILES))
 def test_family_matches_llama_cpp(home, tmp_path, ids, arch):
-    assert _max_delta_from_llama_cpp(_family_file(tmp_path / "m.gguf", arch, quantized=False), ids, tmp_path) < 1e-3
+    path = _family_file(tmp_path / "m.gguf", arch, quantized=False)
+    assert _max_delta_from_llama_cpp(path, ids, tmp_path) < LLAMA_CPP_RTOL

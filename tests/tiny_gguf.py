@@ -138,19 +138,25 @@ def write_tiny_gguf(path: Path, arch: str = "qwen2", seed: int = 0, num_layers: 
     add("output.weight", (vocab, hidden), logit_scale * hidden ** -0.5)
     for n in range(num_layers):
         b = f"blk.{n}."
-        add(b + "attn_norm.weight", (hidden,), 0.1)
+        if arch != "olmo2":  # OLMo 2 norms attention's and the MLP's outputs instead (below)
+            add(b + "attn_norm.weight", (hidden,), 0.1)
         add(b + "attn_q.weight", (num_heads * head_dim, hidden), qk_scale * hidden ** -0.5)
         add(b + "attn_k.weight", (num_kv_heads * head_dim, hidden), qk_scale * hidden ** -0.5)
         add(b + "attn_v.weight", (num_kv_heads * head_dim, hidden), hidden ** -0.5, quant=False)
-        if arch == "qwen3":  # per-head norms, weights near 1 as trained ones are
-            w.add_tensor(b + "attn_q_norm.weight", (1 + 0.2 * rng.standard_normal(head_dim)).astype(np.float32))
-            w.add_tensor(b + "attn_k_norm.weight", (1 + 0.2 * rng.standard_normal(head_dim)).astype(np.float32))
+        if arch in ("qwen3", "olmo2"):  # q/k norms per head, or over the projection; weights near 1
+            q_len, k_len = (head_dim, head_dim) if arch == "qwen3" else (num_heads * head_dim, num_kv_heads * head_dim)
+            w.add_tensor(b + "attn_q_norm.weight", (1 + 0.2 * rng.standard_normal(q_len)).astype(np.float32))
+            w.add_tensor(b + "attn_k_norm.weight", (1 + 0.2 * rng.standard_normal(k_len)).astype(np.float32))
         if arch == "qwen2":
             add(b + "attn_q.bias", (num_heads * head_dim,), 0.1)
             add(b + "attn_k.bias", (num_kv_heads * head_dim,), 0.1)
             add(b + "attn_v.bias", (num_kv_heads * head_dim,), 0.1)
         add(b + "attn_output.weight", (hidden, num_heads * head_dim), hidden ** -0.5)
-        add(b + "ffn_norm.weight", (hidden,), 0.1)
+        if arch == "olmo2":
+            add(b + "post_attention_norm.weight", (hidden,), 0.2)
+            add(b + "post_ffw_norm.weight", (hidden,), 0.2)
+        else:
+            add(b + "ffn_norm.weight", (hidden,), 0.1)
         add(b + "ffn_gate.weight", (intermediate, hidden), hidden ** -0.5)
         add(b + "ffn_up.weight", (intermediate, hidden), hidden ** -0.5)
         add(b + "ffn_down.weight", (hidden, intermediate), intermediate ** -0.5)
@@ -186,8 +192,12 @@ def write_hf_folder(src, folder: Path, **config) -> Path:
         gate, up = w[p + "gate_up"].chunk(2)
         hf[a + "mlp.gate_proj.weight"], hf[a + "mlp.up_proj.weight"] = gate, up
         hf[a + "mlp.down_proj.weight"] = w[p + "down"]
-        hf[a + "input_layernorm.weight"] = w[p + "input_norm"]
-        hf[a + "post_attention_layernorm.weight"] = w[p + "post_norm"]
+        if p + "input_norm" in w:
+            hf[a + "input_layernorm.weight"] = w[p + "input_norm"]
+            hf[a + "post_attention_layernorm.weight"] = w[p + "post_norm"]
+        else:  # OLMo 2: the norms of attention's and the MLP's outputs
+            hf[a + "post_attention_layernorm.weight"] = w[p + "attn_out_norm"]
+            hf[a + "post_feedforward_layernorm.weight"] = w[p + "mlp_out_norm"]
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in hf.items()}, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps({

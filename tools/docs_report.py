@@ -44,6 +44,8 @@ MACHINES = {
 # Per results file, in the order the runs were made: (date, machine, what it shows). The command
 # that reproduces a run is rebuilt from the configuration its JSON records (`command`).
 SOURCES: dict[str, tuple[str, str, str]] = {
+    "kld-olmo2-random-zen3": ("2026-12-08", "zen3", "a random olmo2 GGUF (norms on attention's and the MLP's "
+                              "outputs, q/k norms over the projection): int4-a8 and llama.cpp against our float32"),
     "kld-smollm3-random-zen3": ("2026-12-08", "zen3", "a random smollm3 GGUF (8 layers, every 4th without rotary "
                                 "embeddings): int4-a8 and llama.cpp against our float32"),
     "kld-qwen3-random-zen3": ("2026-12-08", "zen3", "a random qwen3 GGUF (per-head q/k norms, head_dim 128): "

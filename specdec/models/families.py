@@ -12,7 +12,10 @@ class Family:
     name: str               # GGUF `general.architecture`
     hf_model_type: str      # Hugging Face `config.json` model_type
     qkv_bias: str           # "always", "never", or "optional" (read where the file has them, as llama.cpp does)
-    qk_norm: bool = False   # an RMSNorm over each head of q and of k, before rotary embeddings (Qwen3)
+    qk_norm: str = ""       # an RMSNorm of q and of k before rotary embeddings: over each "head" (Qwen3)
+                            # or over the whole "projection" (OLMo 2)
+    norms: str = "pre"      # RMSNorms before attention and the MLP ("pre"), or on their outputs before
+                            # the residual adds ("post": OLMo 2)
     interleaved_qk: bool = False  # GGUF Q/K rows in llama.cpp's interleaved order (undone at load)
     rope_freqs: bool = False      # reads a GGUF `rope_freqs.weight` (Llama 3's per-frequency rope factors)
     no_rope_interval: int = 0     # every n-th layer (n, 2n, ...) attends without rotary embeddings (SmolLM3: 4)
@@ -26,7 +29,8 @@ class Family:
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("llama", "llama", qkv_bias="optional", interleaved_qk=True, rope_freqs=True),
     Family("qwen2", "qwen2", qkv_bias="always"),
-    Family("qwen3", "qwen3", qkv_bias="never", qk_norm=True),
+    Family("qwen3", "qwen3", qkv_bias="never", qk_norm="head"),
+    Family("olmo2", "olmo2", qkv_bias="never", qk_norm="projection", norms="post"),
     Family("smollm3", "smollm3", qkv_bias="never", interleaved_qk=True, no_rope_interval=4),
 )}
 HF_MODEL_TYPES = {f.hf_model_type: f.name for f in FAMILIES.values()}

@@ -211,6 +211,8 @@ def _gguf_sources(cfg: LlamaConfig) -> dict[str, list[str]]:
         src[p + "qkv"] = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
         src[p + "qkv_bias"] = [b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias"]
         src[p + "q_norm"], src[p + "k_norm"] = [b + "attn_q_norm.weight"], [b + "attn_k_norm.weight"]
+        src[p + "attn_out_norm"] = [b + "post_attention_norm.weight"]
+        src[p + "mlp_out_norm"] = [b + "post_ffw_norm.weight"]
         src[p + "o"] = [b + "attn_output.weight"]
         src[p + "post_norm"] = [b + "ffn_norm.weight"]
         src[p + "gate_up"] = [b + "ffn_gate.weight", b + "ffn_up.weight"]

@@ -102,19 +102,24 @@ def load_hf_folder(path: Path, dtype: torch.dtype, device: str) -> tuple[LlamaCo
         used.add(name)
         return raw[name]
 
+    fam = family(cfg.architecture)
     w = {"embed": get("model.embed_tokens.weight"), "norm": get("model.norm.weight")}
     if not cfg.tie_embeddings:
         w["lm_head"] = get("lm_head.weight")
     for n in range(cfg.num_layers):
         a, p = f"model.layers.{n}.", f"layers.{n}."
-        w[p + "input_norm"] = get(a + "input_layernorm.weight")
+        if fam.norms == "pre":  # Transformers' names; OLMo 2's post_attention_layernorm follows attention
+            w[p + "input_norm"] = get(a + "input_layernorm.weight")
+            w[p + "post_norm"] = get(a + "post_attention_layernorm.weight")
+        else:
+            w[p + "attn_out_norm"] = get(a + "post_attention_layernorm.weight")
+            w[p + "mlp_out_norm"] = get(a + "post_feedforward_layernorm.weight")
         w[p + "qkv"] = torch.cat([get(a + f"self_attn.{x}_proj.weight") for x in "qkv"])
         if cfg.attention_bias:
             w[p + "qkv_bias"] = torch.cat([get(a + f"self_attn.{x}_proj.bias") for x in "qkv"])
-        if family(cfg.architecture).qk_norm:
+        if fam.qk_norm:
             w[p + "q_norm"], w[p + "k_norm"] = get(a + "self_attn.q_norm.weight"), get(a + "self_attn.k_norm.weight")
         w[p + "o"] = get(a + "self_attn.o_proj.weight")
-        w[p + "post_norm"] = get(a + "post_attention_layernorm.weight")
         w[p + "gate_up"] = torch.cat([get(a + "mlp.gate_proj.weight"), get(a + "mlp.up_proj.weight")])
         w[p + "down"] = get(a + "mlp.down_proj.weight")
     # rotary_emb.inv_freq: a buffer older checkpoints saved, recomputed from the config (as Transformers does)

@@ -65,20 +65,22 @@ class LlamaConfig:
 
 def param_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter the model needs, by our name."""
-    h, i = cfg.hidden_size, cfg.intermediate_size
+    h, i, q_size, fam = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim, family(cfg.architecture)
     shapes: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab_size, h), "norm": (h,)}
     if not cfg.tie_embeddings:
         shapes["lm_head"] = (cfg.vocab_size, h)
     for n in range(cfg.num_layers):
         p = f"layers.{n}."
-        shapes[p + "input_norm"] = (h,)
+        norms = ("input_norm", "post_norm") if fam.norms == "pre" else ("attn_out_norm", "mlp_out_norm")
+        shapes[p + norms[0]] = shapes[p + norms[1]] = (h,)
         shapes[p + "qkv"] = (cfg.qkv_size, h)
         if cfg.attention_bias:
             shapes[p + "qkv_bias"] = (cfg.qkv_size,)
-        if family(cfg.architecture).qk_norm:
+        if fam.qk_norm == "head":
             shapes[p + "q_norm"] = shapes[p + "k_norm"] = (cfg.head_dim,)
-        shapes[p + "o"] = (h, cfg.num_heads * cfg.head_dim)
-        shapes[p + "post_norm"] = (h,)
+        elif fam.qk_norm == "projection":
+            shapes[p + "q_norm"], shapes[p + "k_norm"] = (q_size,), (cfg.num_kv_heads * cfg.head_dim,)
+        shapes[p + "o"] = (h, q_size)
         shapes[p + "gate_up"] = (2 * i, h)
         shapes[p + "down"] = (h, i)
     return shapes
@@ -121,6 +123,7 @@ class LlamaModel:
         if missing:
             raise ValueError(f"model weights missing: {sorted(missing)[:5]}")
         self.cfg = cfg
+        self.family = family(cfg.architecture)
         self.w = weights
         self.lm_head = weights["embed"] if cfg.tie_embeddings else weights["lm_head"]
         qkv = weights["layers.0.qkv"]
@@ -146,7 +149,8 @@ class LlamaModel:
             return None
         if not self._fused_tried:
             cfg, w = self.cfg, self.w
-            names = ("input_norm", "post_norm", "qkv", "o", "gate_up", "down", "qkv_bias", "q_norm", "k_norm")
+            names = ("input_norm", "post_norm", "attn_out_norm", "mlp_out_norm", "qkv", "o", "gate_up", "down",
+                     "qkv_bias", "q_norm", "k_norm")
             layers = {n: {name: w[f"layers.{n}.{name}"] for name in names if f"layers.{n}.{name}" in w}
                       for n in range(cfg.num_layers) if n not in self.skip_layers}
             self._fused, self._fused_tried = FusedDecoder.build(cfg, layers, w["norm"], cfg.no_rope_layers), True
@@ -170,39 +174,25 @@ class LlamaModel:
         """input_ids, positions: [num_rows] (num_rows padded to a multiple of `row_align`).
         Returns final-normed hidden states [num_rows, hidden_size]."""
         cfg, w, options = self.cfg, self.w, self.options
-        nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         fast = self._kernels()
-        if not fast:
-            cos, sin = self.cos[positions], self.sin[positions]
         embed = w["embed"]
         h = embed.embed(input_ids) if isinstance(embed, QuantLinear) else embed[input_ids].to(self.dtype)
         fused = self._fused_decoder() if fast else None
         if fused is not None:
             return fused.forward(h.contiguous(), positions, meta.slot_mapping, meta.row_contexts(), self.cos, self.sin,
                                  kv_caches)
-        delta = None  # the last layer's MLP output, added to h by the next norm
+        pre = self.family.norms == "pre"
+        delta = None  # a pre-norm family's last MLP output, added to h by the next norm
         for n in range(cfg.num_layers):
             if n in self.skip_layers:
                 continue
             p = f"layers.{n}."
-            x = self._norm(h, w[p + "input_norm"], delta, fast)
-            qkv = linear(x, w[p + "qkv"], w.get(p + "qkv_bias"), options=options)
-            norms = (w[p + "q_norm"], w[p + "k_norm"]) if p + "q_norm" in w else None
-            rotate = n not in cfg.no_rope_layers
-            if fast:  # in place on q|k of each row
-                if norms:
-                    kernel.head_norms_(qkv, nh, nkv, d, *norms, cfg.rms_norm_eps)
-                if rotate:
-                    kernel.rope_(qkv[:, :(nh + nkv) * d].view(-1, nh + nkv, d), positions, self.cos, self.sin)
-            q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
-            q, k = q.reshape(-1, nh, d), k.reshape(-1, nkv, d)
-            if not fast:
-                if norms:
-                    q, k = rms_norm(q, norms[0], cfg.rms_norm_eps), rms_norm(k, norms[1], cfg.rms_norm_eps)
-                if rotate:
-                    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            attn = paged_attention(q, k, v.reshape(-1, nkv, d), kv_caches[n], meta, options=options)
-            x = self._norm(h, w[p + "post_norm"], linear(attn, w[p + "o"], options=options), fast)
+            x = self._norm(h, w[p + "input_norm"], delta, fast) if pre else h
+            y = linear(self._attention(n, x, positions, meta, kv_caches, fast), w[p + "o"], options=options)
+            if pre:
+                x = self._norm(h, w[p + "post_norm"], y, fast)
+            else:
+                x = self._add_normed(h, y, w[p + "attn_out_norm"], fast)
             gate_up = linear(x, w[p + "gate_up"], options=options)
             if fast:
                 act = kernel.silu_mul(gate_up)
@@ -210,7 +200,38 @@ class LlamaModel:
                 gate, up = gate_up.chunk(2, dim=-1)
                 act = F.silu(gate) * up
             delta = linear(act, w[p + "down"], options=options)
+            if not pre:
+                self._add_normed(h, delta, w[p + "mlp_out_norm"], fast)
+                delta = None
         return self._norm(h, w["norm"], delta, fast)
+
+    def _add_normed(self, h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, fast: bool) -> torch.Tensor:
+        """h += RMSNorm(y): a sublayer's output normed before the residual add (OLMo 2). Returns h."""
+        return h.add_(self._norm(y, weight, None, fast))
+
+    def _attention(self, n: int, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                   kv_caches: list[tuple[torch.Tensor, torch.Tensor]], fast: bool) -> torch.Tensor:
+        """Layer n's attention over its input rows x: q|k|v, their norms and rotary embeddings where the
+        family has them, the K/V write and paged attention. Returns [num_rows, num_heads * head_dim]."""
+        cfg, w, p = self.cfg, self.w, f"layers.{n}."
+        nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        qkv = linear(x, w[p + "qkv"], w.get(p + "qkv_bias"), options=self.options)
+        norms = (w[p + "q_norm"], w[p + "k_norm"]) if self.family.qk_norm else None
+        rotate = n not in cfg.no_rope_layers
+        if fast:  # in place on q|k of each row
+            if norms:
+                kernel.qk_norms_(qkv, nh * d, nkv * d, *norms, cfg.rms_norm_eps)
+            if rotate:
+                kernel.rope_(qkv[:, :(nh + nkv) * d].view(-1, nh + nkv, d), positions, self.cos, self.sin)
+        q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
+        if not fast and norms:  # over runs as long as the norm's weight: a head, or the whole projection
+            q = rms_norm(q.reshape(q.shape[0], -1, norms[0].numel()), norms[0], cfg.rms_norm_eps)
+            k = rms_norm(k.reshape(k.shape[0], -1, norms[1].numel()), norms[1], cfg.rms_norm_eps)
+        q, k = q.reshape(-1, nh, d), k.reshape(-1, nkv, d)
+        if not fast and rotate:
+            cos, sin = self.cos[positions], self.sin[positions]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return paged_attention(q, k, v.reshape(-1, nkv, d), kv_caches[n], meta, options=self.options)
 
     def chain_ready(self, own_heads: list[QuantLinear | torch.Tensor]) -> bool:
         """Whether `draft_chain` runs here, with these own-token output layers beside the model's."""

@@ -113,6 +113,14 @@ int embed_row(const Part& e, int64_t k, int64_t id, float* out) {
     return 0;
 }
 
+// h += RMSNorm(y) with weight w (a sublayer's output normed before the residual add, OLMo 2's order);
+// scratch: [rows, hd]. The add is the plain float sum, as PyTorch's add_.
+void add_normed(float* h, const float* y, int64_t rows, int64_t hd, const float* w, float eps, float* scratch,
+                int threads) {
+    rms_norm(const_cast<float*>(y), hd, nullptr, 0, rows, hd, w, eps, scratch, threads);
+    for (int64_t i = 0; i < rows * hd; ++i) h[i] += scratch[i];
+}
+
 // Scratch of a row's pick, kept across the chain's forwards.
 struct PickScratch {
     std::vector<float> own, x;
@@ -169,10 +177,15 @@ int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, c
     bool have_delta = false;  // the last layer's MLP output, added to h by the next norm
     for (int64_t n = 0; n < num_layers; ++n) {
         const Layer& L = layers[n];
-        rms_norm(h, hd, have_delta ? delta.data() : nullptr, hd, rows, hd, L.input_norm, D.eps, x.data(), threads);
-        if (int rc = linear(L.qkv, x.data(), rows, hd, qkv.data(), threads)) return rc;
+        const float* in = h;  // without a norm before attention (OLMo 2), the residual stream itself
+        if (L.input_norm) {
+            rms_norm(h, hd, have_delta ? delta.data() : nullptr, hd, rows, hd, L.input_norm, D.eps, x.data(), threads);
+            in = x.data();
+        }
+        if (int rc = linear(L.qkv, in, rows, hd, qkv.data(), threads)) return rc;
         if (L.q_norm)
-            head_norms(qkv.data(), qkv_size, rows, D.num_heads, D.num_kv_heads, d, L.q_norm, L.k_norm, D.eps, threads);
+            qk_norms(qkv.data(), qkv_size, rows, q_size, D.q_norm_len, kv_size, D.k_norm_len, L.q_norm, L.k_norm, D.eps,
+                     threads);
         if (L.rope) rope(qkv.data(), qkv_size, rows, D.num_heads + D.num_kv_heads, d, positions, cos, sin);
         for (int64_t r = 0; r < num_real; ++r) {
             const float* kv = qkv.data() + r * qkv_size + q_size;
@@ -182,11 +195,18 @@ int decoder_forward(const Layer* layers, int64_t num_layers, const Dims* dims, c
         attention(qkv.data(), qkv_size, rows, D.num_heads, D.num_kv_heads, d, D.kv_slots, L.k_cache, L.v_cache,
                   ctx_slots, ctx_start, ctx_len, D.attn_scale, attn.data(), threads, D.kv_format);
         if (int rc = linear(L.o, attn.data(), rows, q_size, delta.data(), threads)) return rc;
-        rms_norm(h, hd, delta.data(), hd, rows, hd, L.post_norm, D.eps, x.data(), threads);
-        if (int rc = linear(L.gate_up, x.data(), rows, hd, gate_up.data(), threads)) return rc;
+        in = h;
+        if (L.post_norm) {
+            rms_norm(h, hd, delta.data(), hd, rows, hd, L.post_norm, D.eps, x.data(), threads);
+            in = x.data();
+        } else {
+            add_normed(h, delta.data(), rows, hd, L.attn_out_norm, D.eps, x.data(), threads);
+        }
+        if (int rc = linear(L.gate_up, in, rows, hd, gate_up.data(), threads)) return rc;
         silu_mul(gate_up.data(), rows, D.intermediate, act.data(), threads);
         if (int rc = linear(L.down, act.data(), rows, D.intermediate, delta.data(), threads)) return rc;
-        have_delta = true;
+        have_delta = L.mlp_out_norm == nullptr;  // else added now; a pre-norm family adds it in the next norm
+        if (!have_delta) add_normed(h, delta.data(), rows, hd, L.mlp_out_norm, D.eps, x.data(), threads);
     }
     rms_norm(h, hd, have_delta ? delta.data() : nullptr, hd, rows, hd, final_norm, D.eps, out, threads);
     return 0;

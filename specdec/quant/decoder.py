@@ -45,7 +45,8 @@ class FusedDecoder:
         self.layers = (Layer * len(layers))()
         for slot, n in zip(self.layers, self.indices):
             w = layers[n]
-            slot.input_norm, slot.post_norm = _ptr(w["input_norm"]), _ptr(w["post_norm"])
+            slot.input_norm, slot.post_norm = _ptr(w.get("input_norm")), _ptr(w.get("post_norm"))
+            slot.attn_out_norm, slot.mlp_out_norm = _ptr(w.get("attn_out_norm")), _ptr(w.get("mlp_out_norm"))
             slot.q_norm, slot.k_norm = _ptr(w.get("q_norm")), _ptr(w.get("k_norm"))
             slot.rope = int(n not in no_rope)
             slot.qkv = self._linear(w["qkv"], w.get("qkv_bias"))
@@ -53,13 +54,16 @@ class FusedDecoder:
         self.dims = Dims(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, num_heads=cfg.num_heads,
                          num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, eps=cfg.rms_norm_eps,
                          attn_scale=cfg.head_dim ** -0.5)
+        first = layers[self.indices[0]] if self.indices else {}
+        if "q_norm" in first:
+            self.dims.q_norm_len, self.dims.k_norm_len = first["q_norm"].numel(), first["k_norm"].numel()
         self.final_norm = final_norm
         self._caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @classmethod
     def build(cls, cfg, layers: dict[int, dict[str, object]], final_norm: torch.Tensor,
               no_rope: tuple[int, ...] = ()) -> FusedDecoder | None:
-        vectors = ("input_norm", "post_norm", "qkv_bias", "q_norm", "k_norm")
+        vectors = ("input_norm", "post_norm", "attn_out_norm", "mlp_out_norm", "qkv_bias", "q_norm", "k_norm")
         tensors = [final_norm] + [w[name] for w in layers.values() for name in vectors if name in w]
         if not all(_float32(t) for t in tensors):
             return None

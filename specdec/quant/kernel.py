@@ -50,14 +50,16 @@ class Linear(ctypes.Structure):
 
 
 class Layer(ctypes.Structure):
-    _fields_ = [("input_norm", _ptr), ("post_norm", _ptr), ("q_norm", _ptr), ("k_norm", _ptr), ("qkv", Linear),
+    _fields_ = [("input_norm", _ptr), ("post_norm", _ptr), ("attn_out_norm", _ptr), ("mlp_out_norm", _ptr),
+                ("q_norm", _ptr), ("k_norm", _ptr), ("qkv", Linear),
                 ("o", Linear), ("gate_up", Linear), ("down", Linear), ("k_cache", _ptr), ("v_cache", _ptr),
                 ("rope", _int)]
 
 
 class Dims(ctypes.Structure):
     _fields_ = [("hidden", _i64), ("intermediate", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
-                ("head_dim", _i64), ("kv_slots", _i64), ("eps", _f32), ("attn_scale", _f32), ("kv_format", _int)]
+                ("head_dim", _i64), ("kv_slots", _i64), ("eps", _f32), ("attn_scale", _f32), ("kv_format", _int),
+                ("q_norm_len", _i64), ("k_norm_len", _i64)]
 
 
 class ChainRow(ctypes.Structure):
@@ -92,8 +94,9 @@ SIGNATURES: dict[str, tuple[type | None, list[tuple[str, type]]]] = {
                         ("w", _ptr), ("eps", _f32), ("out", _ptr), ("threads", _int)]),
     "rope": (None, [("x", _ptr), ("ldx", _i64), ("rows", _i64), ("heads", _i64), ("d", _i64), ("positions", _ptr),
                     ("cos", _ptr), ("sin", _ptr)]),
-    "head_norms": (None, [("x", _ptr), ("ldx", _i64), ("rows", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
-                          ("d", _i64), ("q_norm", _ptr), ("k_norm", _ptr), ("eps", _f32), ("threads", _int)]),
+    "qk_norms": (None, [("x", _ptr), ("ldx", _i64), ("rows", _i64), ("q_size", _i64), ("q_len", _i64),
+                        ("k_size", _i64), ("k_len", _i64), ("q_norm", _ptr), ("k_norm", _ptr), ("eps", _f32),
+                        ("threads", _int)]),
     "silu_mul": (None, [("x", _ptr), ("rows", _i64), ("n", _i64), ("out", _ptr), ("threads", _int)]),
     "attention": (None, [("q", _ptr), ("ldq", _i64), ("rows", _i64), ("num_heads", _i64), ("num_kv_heads", _i64),
                          ("d", _i64), ("kv_slots", _i64), ("k_cache", _ptr), ("v_cache", _ptr), ("ctx_slots", _ptr),
@@ -314,14 +317,17 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torc
                 cos.data_ptr(), sin.data_ptr())
 
 
-def head_norms_(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, d: int, q_norm: torch.Tensor,
-                k_norm: torch.Tensor, eps: float) -> None:
-    """RMSNorm of each head of q and of k in place (Qwen3): qkv [rows, (num_heads + 2 num_kv_heads) d]
-    float32 with unit column stride, q_norm / k_norm [d] float32 contiguous, d a multiple of 8."""
-    assert qkv.dtype == q_norm.dtype == k_norm.dtype == torch.float32 and qkv.stride(1) == 1 and d % 8 == 0
-    assert q_norm.is_contiguous() and k_norm.is_contiguous() and q_norm.numel() == k_norm.numel() == d
-    _lib().head_norms(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], num_heads, num_kv_heads, d, q_norm.data_ptr(),
-                      k_norm.data_ptr(), eps, torch.get_num_threads())
+def qk_norms_(qkv: torch.Tensor, q_size: int, k_size: int, q_norm: torch.Tensor, k_norm: torch.Tensor,
+              eps: float) -> None:
+    """RMSNorm of q and of k in place, over runs as long as their weights (per head, Qwen3; the whole
+    projection, OLMo 2): qkv [rows, >= q_size + k_size] float32 with unit column stride, q then k;
+    q_norm / k_norm float32 contiguous, lengths multiples of 8 dividing q_size / k_size."""
+    q_len, k_len = q_norm.numel(), k_norm.numel()
+    assert qkv.dtype == q_norm.dtype == k_norm.dtype == torch.float32 and qkv.stride(1) == 1
+    assert q_norm.is_contiguous() and k_norm.is_contiguous() and q_len % 8 == k_len % 8 == 0
+    assert q_size % q_len == 0 and k_size % k_len == 0 and qkv.shape[1] >= q_size + k_size
+    _lib().qk_norms(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], q_size, q_len, k_size, k_len, q_norm.data_ptr(),
+                    k_norm.data_ptr(), eps, torch.get_num_threads())
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

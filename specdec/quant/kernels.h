@@ -29,10 +29,12 @@ struct Linear {
 };
 
 struct Layer {
-    const float* input_norm;
-    const float* post_norm;
-    const float* q_norm;    // [head_dim]: an RMSNorm over each head of q before rotary embeddings, or null
-    const float* k_norm;    // [head_dim]: the same over each head of k (null with q_norm)
+    const float* input_norm;     // RMSNorm before attention, or null (a family with norms after it)
+    const float* post_norm;      // RMSNorm before the MLP, or null
+    const float* attn_out_norm;  // RMSNorm of attention's output before the residual add (OLMo 2), or null
+    const float* mlp_out_norm;   // RMSNorm of the MLP's output before the residual add, or null
+    const float* q_norm;    // [Dims.q_norm_len]: an RMSNorm over each such run of q before rope, or null
+    const float* k_norm;    // [Dims.k_norm_len]: the same over k (null with q_norm)
     Linear qkv;
     Linear o;
     Linear gate_up;
@@ -52,6 +54,8 @@ struct Dims {
     float eps;
     float attn_scale;
     int kv_format;          // KV_FORMAT_*: the K/V caches' rows
+    int64_t q_norm_len;     // the values each q norm runs over: head_dim (per head) or all of q; 0: none
+    int64_t k_norm_len;
 };
 
 // One request's drafts (decoder.cpp's draft_chain): `steps` forwards, each picking one. The first
@@ -127,8 +131,8 @@ void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t ro
               float eps, float* out, int threads);
 void rope(float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t d, const int64_t* positions, const float* cos,
           const float* sin);
-void head_norms(float* x, int64_t ldx, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
-                const float* q_norm, const float* k_norm, float eps, int threads);
+void qk_norms(float* x, int64_t ldx, int64_t rows, int64_t q_size, int64_t q_len, int64_t k_size, int64_t k_len,
+              const float* q_norm, const float* k_norm, float eps, int threads);
 void silu_mul(const float* x, int64_t rows, int64_t n, float* out, int threads);
 // attention.cpp: paged attention
 void attention(const float* q, int64_t ldq, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,

@@ -48,16 +48,18 @@ void rms_norm(float* x, int64_t ldx, const float* delta, int64_t ldd, int64_t ro
     for (int64_t r = 0; r < rows; ++r) norm_row(x + r * ldx, delta ? delta + r * ldd : nullptr, h, w, eps, out + r * h);
 }
 
-// In place on each row's q|k heads (x: [rows, num_heads + num_kv_heads, d] with row stride ldx): every
-// head of q normed with q_norm, every head of k with k_norm (Qwen3's per-head norms); d a multiple of 8.
-void head_norms(float* x, int64_t ldx, int64_t rows, int64_t num_heads, int64_t num_kv_heads, int64_t d,
-                const float* q_norm, const float* k_norm, float eps, int threads) {
+// In place on each row's q|k (x: [rows, q_size + k_size] with row stride ldx): every run of q_len
+// values of q normed with q_norm, every run of k_len values of k with k_norm. Per head (Qwen3: q_len
+// = k_len = head_dim) or over the whole projection (OLMo 2: q_len = q_size); lengths multiples of 8.
+void qk_norms(float* x, int64_t ldx, int64_t rows, int64_t q_size, int64_t q_len, int64_t k_size, int64_t k_len,
+              const float* q_norm, const float* k_norm, float eps, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1)
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t hd = 0; hd < num_heads + num_kv_heads; ++hd) {
-            float* head = x + r * ldx + hd * d;
-            norm_row(head, nullptr, d, hd < num_heads ? q_norm : k_norm, eps, head);
-        }
+    for (int64_t r = 0; r < rows; ++r) {
+        float* row = x + r * ldx;
+        for (int64_t i = 0; i < q_size; i += q_len) norm_row(row + i, nullptr, q_len, q_norm, eps, row + i);
+        for (int64_t i = 0; i < k_size; i += k_len)
+            norm_row(row + q_size + i, nullptr, k_len, k_norm, eps, row + q_size + i);
+    }
 }
 
 // Rotate-half ("NeoX") rotary embedding in place on `heads` heads of each row: x: [rows, heads, d]
