@@ -1,14 +1,15 @@
-"""The Llama-style decoder (Llama, SmolLM2, Qwen2, Qwen3): RMSNorm, rotary embeddings, GQA attention,
-SwiGLU MLP; how each family differs (QKV bias, per-head q/k norms, ...) is its `families.Family`.
+"""The Llama-style decoder (Llama, SmolLM2, Qwen2, Qwen3, OLMo 2, SmolLM3): RMSNorm, rotary embeddings,
+GQA attention, SwiGLU MLP; how each family differs (QKV bias, q/k norms, where the norms sit, layers
+without rope) is its `families.Family`.
 
 Weights arrive fused under our own names (see `param_shapes`): `qkv` is q|k|v stacked, `gate_up`
 is gate|up stacked. Q/K rows are in the rotate-half ("NeoX") layout for every architecture; the
-GGUF loader undoes llama.cpp's interleaving permutation for `llama` files. Every matrix product goes
-through `quant.layers.linear` / `quant.attention.paged_attention`, which keep each token's numerics
-independent of what else shares the forward. With float32 activations on an AVX2 CPU, RMSNorm (with
-the residual add before it), RoPE and SwiGLU's activation run in the C++ kernels
-(`quant/layer_ops.cpp`): as PyTorch ops their dispatch cost more than their arithmetic at one token
-per forward. Which kernel paths a model takes is its `KernelOptions` (default: every one available).
+GGUF loader undoes llama.cpp's interleaving where the family has it (`interleaved_qk`). Every
+matrix product goes through `quant.layers.linear` / `quant.attention.paged_attention`, which keep
+each token's numerics independent of what else shares the forward. With float32 activations on an
+AVX2 CPU, RMSNorm (with the residual add before it), RoPE and SwiGLU's activation run in the C++
+kernels (`quant/layer_ops.cpp`): as PyTorch ops their dispatch cost more than their arithmetic at one
+token per forward. Which kernel paths a model takes is its `KernelOptions` (default: every one available).
 """
 from __future__ import annotations
 
