@@ -64,6 +64,9 @@ def test_neutral_values_and_descriptive_keys_load(home, tmp_path):
         "llama.final_logit_softcapping": 0.0, "llama.rope.scaling.type": "none", "quantize.imatrix.file": "x.dat",
         "general.url": "https://example.org", "llama.tensor_data_layout": "Meta AI original pth"})
     assert load_model(str(path), progress=False).config.rope == RopeScaling()
+    # 1/sqrt(head_dim) as the file stores it, in float32 (0.17677669...: not the double 32 ** -0.5)
+    qwen3 = write_tiny_gguf(tmp_path / "q3.gguf", arch="qwen3", head_dim=32, meta={"qwen3.attention.scale": 32 ** -0.5})
+    assert load_model(str(qwen3), progress=False).config.head_dim == 32
 
 
 @pytest.mark.parametrize("precision", ["float32", "int4"])

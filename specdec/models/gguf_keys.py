@@ -44,10 +44,11 @@ def check_keys(meta: dict[str, Any], arch: str, head_dim: int) -> None:
         name = key[len(prefix):]
         if name in READ:
             continue
-        if name == "attention.scale" and value in (0.0, 1.0 / math.sqrt(head_dim)):
-            continue  # 0 is llama.cpp's "1/sqrt(head_dim)", the scale every supported family uses
-        if name in NEUTRAL or name == "attention.scale":
-            if _neutral(value, NEUTRAL.get(name, ())):
+        neutral = NEUTRAL.get(name)
+        if name == "attention.scale":  # 0 is llama.cpp's "1/sqrt(head_dim)", the scale every family here uses
+            neutral = (0.0, 1.0 / math.sqrt(head_dim))
+        if neutral is not None:
+            if _neutral(value, neutral):
                 continue
             raise ValueError(f"metadata {key} = {value!r} changes the forward in a way specdec does not implement")
         raise ValueError(f"metadata {key} = {_short(value)} is a key specdec does not read; it may change the "
@@ -122,8 +123,12 @@ def hf_rope_scaling(raw: dict[str, Any], head_dim: int, theta: float) -> RopeSca
 
 
 def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
-    values = value if isinstance(value, list) else [value]  # a per-layer array: every layer neutral
-    return all(v in neutral for v in values)
+    """Whether the value (or, for a per-layer array, every layer's) is one of `neutral`; floats as
+    float32, in which the file stores them."""
+    def same(v: Any, n: Any) -> bool:
+        return math.isclose(v, n, rel_tol=1e-6) if isinstance(v, float) and isinstance(n, float) else v == n
+    values = value if isinstance(value, list) else [value]
+    return all(any(same(v, n) for n in neutral) for v in values)
 
 
 def _short(value: Any) -> str:
