@@ -171,10 +171,14 @@ def _check_every_tensor_read(cfg: LlamaConfig, tensors: dict[str, Any]) -> None:
     read = {src for name in param_shapes(cfg) for src in sources[name]}
     if cfg.rope.kind == "llama3":
         read.add(gguf_keys.ROPE_FREQS)
-    unread = sorted(set(tensors) - read)
+    refuse_unread(set(tensors) - read, cfg.architecture, "the file")
+
+
+def refuse_unread(unread: set[str], architecture: str, where: str) -> None:
+    """ModelFileError naming a tensor the forward does not read, if there is one: never skipped."""
     if unread:
-        raise ModelFileError(f"tensor {unread[0]} (of {len(unread)} unread) is not part of the {cfg.architecture} "
-                             "forward specdec runs; the file is refused rather than run without it")
+        raise ModelFileError(f"tensor {min(unread)} (of {len(unread)} unread) is not part of the {architecture} "
+                             f"forward specdec runs; {where} is refused rather than run without it")
 
 
 def cached_config(config_path: Path) -> LlamaConfig | None:

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from specdec.models.gguf_keys import hf_rope_scaling
-from specdec.models.gguf_loader import ModelFileError
+from specdec.models.gguf_loader import ModelFileError, refuse_unread
 from specdec.models.families import HF_MODEL_TYPES, family, has_bias
 from specdec.models.llama import LlamaConfig, param_shapes
 
@@ -123,11 +123,8 @@ def load_hf_folder(path: Path, dtype: torch.dtype, device: str) -> tuple[LlamaCo
         w[p + "gate_up"] = torch.cat([get(a + "mlp.gate_proj.weight"), get(a + "mlp.up_proj.weight")])
         w[p + "down"] = get(a + "mlp.down_proj.weight")
     # rotary_emb.inv_freq: a buffer older checkpoints saved, recomputed from the config (as Transformers does)
-    unread = sorted(k for k in set(raw) - used if not k.endswith("rotary_emb.inv_freq"))
-    if unread:
-        raise ModelFileError(f"{path}: tensor {unread[0]} (of {len(unread)} unread) is not part of the "
-                             f"{cfg.architecture} forward specdec runs; the folder is refused rather than run "
-                             "without it")
+    refuse_unread({k for k in set(raw) - used if not k.endswith("rotary_emb.inv_freq")}, cfg.architecture,
+                  f"the folder {path}")
     shapes = param_shapes(cfg)
     for k, t in w.items():
         if tuple(t.shape) != shapes[k]:

@@ -183,13 +183,14 @@ class LlamaModel:
             return fused.forward(h.contiguous(), positions, meta.slot_mapping, meta.row_contexts(), self.cos, self.sin,
                                  kv_caches)
         pre = self.family.norms == "pre"
+        row_rope = None if fast else (self.cos[positions], self.sin[positions])  # the kernel looks them up itself
         delta = None  # a pre-norm family's last MLP output, added to h by the next norm
         for n in range(cfg.num_layers):
             if n in self.skip_layers:
                 continue
             p = f"layers.{n}."
             x = self._norm(h, w[p + "input_norm"], delta, fast) if pre else h
-            y = linear(self._attention(n, x, positions, meta, kv_caches, fast), w[p + "o"], options=options)
+            y = linear(self._attention(n, x, positions, row_rope, meta, kv_caches), w[p + "o"], options=options)
             if pre:
                 x = self._norm(h, w[p + "post_norm"], y, fast)
             else:
@@ -210,11 +211,13 @@ class LlamaModel:
         """h += RMSNorm(y): a sublayer's output normed before the residual add (OLMo 2). Returns h."""
         return h.add_(self._norm(y, weight, None, fast))
 
-    def _attention(self, n: int, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                   kv_caches: list[tuple[torch.Tensor, torch.Tensor]], fast: bool) -> torch.Tensor:
+    def _attention(self, n: int, x: torch.Tensor, positions: torch.Tensor,
+                   row_rope: tuple[torch.Tensor, torch.Tensor] | None, meta: AttentionMetadata,
+                   kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Layer n's attention over its input rows x: q|k|v, their norms and rotary embeddings where the
-        family has them, the K/V write and paged attention. Returns [num_rows, num_heads * head_dim]."""
-        cfg, w, p = self.cfg, self.w, f"layers.{n}."
+        family has them, the K/V write and paged attention. `row_rope`: each row's cos and sin for the
+        PyTorch ops, None where the C++ kernels run. Returns [num_rows, num_heads * head_dim]."""
+        cfg, w, p, fast = self.cfg, self.w, f"layers.{n}.", row_rope is None
         nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = linear(x, w[p + "qkv"], w.get(p + "qkv_bias"), options=self.options)
         norms = (w[p + "q_norm"], w[p + "k_norm"]) if self.family.qk_norm else None
@@ -230,8 +233,7 @@ class LlamaModel:
             k = rms_norm(k.reshape(k.shape[0], -1, norms[1].numel()), norms[1], cfg.rms_norm_eps)
         q, k = q.reshape(-1, nh, d), k.reshape(-1, nkv, d)
         if not fast and rotate:
-            cos, sin = self.cos[positions], self.sin[positions]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(q, *row_rope), apply_rope(k, *row_rope)
         return paged_attention(q, k, v.reshape(-1, nkv, d), kv_caches[n], meta, options=self.options)
 
     def chain_ready(self, own_heads: list[QuantLinear | torch.Tensor]) -> bool:

@@ -1,9 +1,10 @@
 // The decoder's layer loop in one call: for each layer, RMSNorm (with the residual add), q|k|v,
-// per-head q/k norms where the family has them, rotary embeddings, the K/V write into the paged
-// cache, attention, o, RMSNorm, gate|up, SiLU·up, down. From Python the same loop made about 300
-// kernel calls a token, and their Python and ctypes overhead cost more than attention's arithmetic.
-// Every step calls the same kernels as the Python loop (`llama.py`), in the same order, on the same
-// rows: the results are bitwise the same.
+// q/k norms where the family has them, rotary embeddings (on the layers that have them), the K/V
+// write into the paged cache, attention, o, RMSNorm, gate|up, SiLU·up, down; a post-norm family
+// norms attention's and the MLP's outputs before the residual adds instead. From Python the same
+// loop made about 300 kernel calls a token, and their Python and ctypes overhead cost more than
+// attention's arithmetic. Every step calls the same kernels as the Python loop (`llama.py`), in the
+// same order, on the same rows: the results are bitwise the same.
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
